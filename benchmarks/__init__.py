@@ -1,0 +1,1 @@
+"""trainfeed's measuring side: synthetic datasets, the storage A/B matrix, reports."""

@@ -1,0 +1,69 @@
+"""Re-read a written store and compare every sample, bit for bit, with its source file."""
+from __future__ import annotations
+
+from itertools import islice
+from typing import Iterator
+
+import numpy as np
+
+from .errors import VerifyError
+from .labels import Labels
+from .samples import load_sample, ordered_map
+from .sources import ImageOptions, Listing
+from .stores import FORMATS
+
+_MAX_REPORTED = 5
+
+
+def same_value(a, b) -> bool:
+    """Exact equality: same dtype, shape and bytes for arrays (NaN payloads included)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        a, b = np.asarray(a), np.asarray(b)
+        return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+    return bytes(a) == bytes(b)
+
+
+def _chunks(it: Iterator, n: int) -> Iterator[list]:
+    while chunk := list(islice(it, n)):
+        yield chunk
+
+
+def verify_store(path, fmt: str, *, fs, listing: Listing, labels: Labels, image_opts: ImageOptions,
+                 expected_ids: list[str], exact: bool = True, workers: int = 4) -> dict:
+    """Raise VerifyError unless every expected id is in the store exactly once with its source's
+    label and values. ``exact`` also forbids other rows (False for Delta appends)."""
+    by_id = {f.id: f for f in listing.files}
+    expected = set(expected_ids)
+    seen: set[str] = set()
+    problems: list[str] = []
+    other_rows = 0
+    for chunk in _chunks(FORMATS[fmt].read_samples(path), 64):
+        mine = [row for row in chunk if row[0] in expected]
+        other_rows += len(chunk) - len(mine)
+        sources = ordered_map(lambda row: load_sample(fs, listing.kind, by_id[row[0]], labels, image_opts), mine, workers)
+        for (sid, label, fields), src in zip(mine, sources):
+            if sid in seen:
+                problems.append(f"{sid}: stored more than once")
+                continue
+            seen.add(sid)
+            if isinstance(src, Exception):
+                problems.append(f"{by_id[sid].path}: source no longer readable: {src}")
+                continue
+            if label != src.label:
+                problems.append(f"{sid}: label {label!r} in store, {src.label!r} from source")
+            if set(fields) != set(src.fields):
+                problems.append(f"{sid}: fields {sorted(fields)} in store, {sorted(src.fields)} from source")
+                continue
+            for name, value in fields.items():
+                if not same_value(value, src.fields[name]):
+                    problems.append(f"{sid}: field {name!r} differs from {by_id[sid].path}")
+    missing = expected - seen
+    if missing:
+        problems.append(f"{len(missing)} samples missing from the store, e.g. {sorted(missing)[:3]}")
+    if exact and other_rows:
+        problems.append(f"{other_rows} rows in the store do not come from this source")
+    if problems:
+        shown = "\n  ".join(problems[:_MAX_REPORTED])
+        more = f"\n  ... and {len(problems) - _MAX_REPORTED} more" if len(problems) > _MAX_REPORTED else ""
+        raise VerifyError(f"{path}: verification failed:\n  {shown}{more}")
+    return {"samples_checked": len(seen), "other_rows": other_rows}
