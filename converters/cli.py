@@ -64,8 +64,9 @@ def parse_resize(text: str | None) -> tuple[int, int] | None:
     return int(parts[0]), int(parts[1])
 
 
-def default_workers() -> int:
-    return min(8, os.cpu_count() or 1)
+def default_workers(src: str) -> int:
+    remote = "://" in src and not src.startswith("file://")
+    return 16 if remote else max(1, os.cpu_count() or 1)
 
 
 def _human_summary(s: dict) -> str:
@@ -123,7 +124,8 @@ def main_command(
     mode: Mode = typer.Option(Mode.create, "--mode", help="create: refuse an existing DST. overwrite: replace it "
                               "atomically. append: add to an existing Delta table."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Same as --mode overwrite."),
-    workers: int = typer.Option(default_workers(), "--workers", help="Parallel readers/decoders."),
+    workers: int = typer.Option(0, "--workers", help="Parallel readers/decoders. 0 = auto: one per CPU core for a "
+                                "local source, 16 for a remote one (reads there wait on the network)."),
     on_error: OnError = typer.Option(OnError.fail, "--on-error", help="fail: stop at the first bad file and write "
                                      "nothing. skip: convert the valid files and list the others in "
                                      "DST.rejects.jsonl."),
@@ -151,7 +153,8 @@ def main_command(
                 tensor_column=tensor_column.value,
             ),
             image=ImageOptions(resize=parse_resize(resize), storage=image_storage.value, mode=image_mode.upper()),
-            labels_csv=labels, folder_labels=not no_folder_labels, workers=workers, on_error=on_error.value,
+            labels_csv=labels, folder_labels=not no_folder_labels,
+            workers=workers or default_workers(src), on_error=on_error.value,
             verify=verify, optimize=optimize, vacuum_hours=vacuum_hours,
             storage_options=parse_storage_options(storage_option),
         )

@@ -88,7 +88,9 @@ class Staging:
 
     def __init__(self, dst: Path):
         self.dst = Path(dst)
-        self.path = self.dst.parent / f".{self.dst.name}{_TMP_TAG}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        # The staging name keeps the destination's suffix: writers may read it (``x.h5`` = one file).
+        unique = f"{os.getpid()}-{uuid.uuid4().hex[:8]}{self.dst.suffix}"
+        self.path = self.dst.parent / f".{self.dst.name}{_TMP_TAG}{unique}"
         self.committed = False
 
     def __enter__(self) -> Staging:

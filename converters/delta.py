@@ -51,24 +51,34 @@ def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: Wr
     until VACUUM) or append."""
     arrow = arrow_schema(schema, opts.tensor_column)
     counter = {"rows": 0}
+    failure: list[BaseException] = []
 
     def record_batches():
-        for batch in batches:
-            counter["rows"] += len(batch)
-            yield to_record_batch(batch, schema, arrow)
+        try:
+            for batch in batches:
+                counter["rows"] += len(batch)
+                yield to_record_batch(batch, schema, arrow)
+        except BaseException as exc:  # delta-rs would hide it inside a DeltaError
+            failure.append(exc)
+            raise
 
     rows_per_group = opts.rows_per_group(max(1, _sample_nbytes(schema)))
     reader = pa.RecordBatchReader.from_batches(arrow, record_batches())
     mode = {"create": "error", "overwrite": "overwrite", "append": "append"}[opts.mode]
-    write_deltalake(
-        str(path), reader,
-        mode=mode,
-        schema_mode="overwrite" if mode == "overwrite" else None,
-        target_file_size=opts.target_file_size,
-        writer_properties=writer_properties(schema, opts, rows_per_group),
-        storage_options=storage_options,
-        commit_properties=CommitProperties(custom_metadata={DATASET_META: schema.to_json()}),
-    )
+    try:
+        write_deltalake(
+            str(path), reader,
+            mode=mode,
+            schema_mode="overwrite" if mode == "overwrite" else None,
+            target_file_size=opts.target_file_size,
+            writer_properties=writer_properties(schema, opts, rows_per_group),
+            storage_options=storage_options,
+            commit_properties=CommitProperties(custom_metadata={DATASET_META: schema.to_json()}),
+        )
+    except Exception:
+        if failure:
+            raise failure[0] from None
+        raise
     schema.samples = counter["rows"]
     table = open_table(path, storage_options=storage_options)
     return _result(table, {"version": table.version(), "rows_written": counter["rows"]})

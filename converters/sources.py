@@ -125,10 +125,17 @@ def _check_array(path: str, name: str, arr: np.ndarray) -> np.ndarray:
         raise SampleError(path, f"array {name!r} has dtype {arr.dtype} (supported: {', '.join(SUPPORTED_DTYPES)})")
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
-    return np.ascontiguousarray(arr)
+    # not np.ascontiguousarray: it turns 0-d arrays into 1-d ones
+    return arr if arr.flags.c_contiguous else arr.copy(order="C")
+
+
+_NPY_MAGIC, _ZIP_MAGIC = b"\x93NUMPY", b"PK\x03\x04"
 
 
 def decode_npy(path: str, data: bytes) -> dict[str, np.ndarray]:
+    if not data.startswith(_NPY_MAGIC):
+        what = "an .npz archive" if data.startswith(_ZIP_MAGIC) else "not a .npy file"
+        raise SampleError(path, f"corrupt or truncated .npy: {what} (no NumPy header)")
     try:
         arr = np.load(io.BytesIO(data), allow_pickle=False)
     except ValueError as exc:
@@ -137,16 +144,15 @@ def decode_npy(path: str, data: bytes) -> dict[str, np.ndarray]:
         raise SampleError(path, f"corrupt or truncated .npy: {exc}") from exc
     except (OSError, EOFError) as exc:
         raise SampleError(path, f"corrupt or truncated .npy: {exc}") from exc
-    if not isinstance(arr, np.ndarray):
-        raise SampleError(path, "is an .npz archive with a .npy name")
     return {VOLUME_FIELD: _check_array(path, VOLUME_FIELD, arr)}
 
 
 def decode_npz(path: str, data: bytes) -> dict[str, np.ndarray]:
+    if not data.startswith(_ZIP_MAGIC):
+        what = "a .npy array" if data.startswith(_NPY_MAGIC) else "not a zip archive"
+        raise SampleError(path, f"corrupt or truncated .npz: {what}")
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-            if not hasattr(npz, "files"):
-                raise SampleError(path, "is a .npy array with an .npz name")
             names = list(npz.files)
             out = {name: _check_array(path, name, npz[name]) for name in names}
     except SampleError:

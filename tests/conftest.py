@@ -1,0 +1,88 @@
+"""Shared fixtures: small generated datasets and a CLI runner. Nothing is downloaded."""
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+SMALL_SHAPE = (6, 5, 4, 3)
+
+
+@dataclass
+class Result:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(app, *args: str) -> Result:
+    """Run a typer app in-process, as its console script would."""
+    res = CliRunner().invoke(app, [str(a) for a in args])
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        raise res.exception
+    return Result(res.exit_code, res.stdout, res.stderr)
+
+
+@pytest.fixture
+def convert_cli():
+    from converters.cli import app
+
+    return lambda *args: run_cli(app, *args, "--no-progress")
+
+
+def write_volumes(root: Path, n: int, *, shape=SMALL_SHAPE, dtype="float32", seed=0, folders=False,
+                  labels_csv=True) -> dict[str, tuple[np.ndarray, int]]:
+    """n .npy volumes under root; returns id -> (array, label). Labels go to root/labels.csv
+    or (folders=True) into class folders neg/ and pos/."""
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for i in range(n):
+        arr = (rng.standard_normal(shape) * 100).astype(dtype)
+        label = int(rng.integers(2))
+        sid = f"{'pos' if label else 'neg'}/v{i:03d}" if folders else f"v{i:03d}"
+        path = root / f"{sid}.npy"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.save(path, arr)
+        out[sid] = (arr, label)
+    if labels_csv and not folders:
+        with open(root / "labels.csv", "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["id", "label"])
+            w.writerows((sid, lab) for sid, (_, lab) in out.items())
+    return out
+
+
+def write_images(root: Path, n: int, *, size=(24, 32), fmt="JPEG", seed=0) -> dict[str, bytes]:
+    """n images in class folders a/ and b/; returns id -> file bytes."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for i in range(n):
+        cls = "a" if i % 2 == 0 else "b"
+        pixels = rng.integers(0, 255, size=(*size, 3), dtype=np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, format=fmt)
+        ext = "jpg" if fmt == "JPEG" else "png"
+        path = root / cls / f"img{i:03d}.{ext}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(buf.getvalue())
+        out[f"{cls}/img{i:03d}"] = buf.getvalue()
+    return out
+
+
+@pytest.fixture
+def volumes(tmp_path):
+    src = tmp_path / "vols"
+    return src, write_volumes(src, 30)
+
+
+@pytest.fixture
+def images(tmp_path):
+    src = tmp_path / "imgs"
+    return src, write_images(src, 12)

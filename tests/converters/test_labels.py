@@ -1,0 +1,137 @@
+"""Labels from a CSV, from class folders, or none; and the CSV's own failure modes."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from converters import delta, hdf5, parquet
+from tests.conftest import write_volumes
+
+
+def labels_of(path) -> dict:
+    return {sid: label for sid, label, _ in parquet.read_samples(path)}
+
+
+def test_integer_labels_from_csv(tmp_path, volumes, convert_cli):
+    src, truth = volumes
+    dst = tmp_path / "o.parquet"
+    res = convert_cli(src, dst, "--to", "parquet", "--labels", src / "labels.csv", "--json")
+    summary = json.loads(res.stdout)
+    assert summary["labels"] == "csv" and summary["label_map"] is None
+    assert summary["ignored_files"] == 1  # labels.csv itself sits in the source folder
+    assert labels_of(dst) == {sid: lab for sid, (_, lab) in truth.items()}
+
+
+def test_class_name_labels_from_csv_get_a_stored_map(tmp_path, convert_cli):
+    src = tmp_path / "v"
+    truth = write_volumes(src, 6, labels_csv=False)
+    names = ["tumour", "healthy", "unsure"]
+    (tmp_path / "l.csv").write_text("id,label\n" + "".join(f"{sid},{names[i % 3]}\n" for i, sid in enumerate(truth)))
+    dst = tmp_path / "o.parquet"
+    res = convert_cli(src, dst, "--to", "parquet", "--labels", tmp_path / "l.csv", "--json")
+    label_map = {"healthy": 0, "tumour": 1, "unsure": 2}
+    assert json.loads(res.stdout)["label_map"] == label_map
+    assert labels_of(dst) == {sid: label_map[names[i % 3]] for i, sid in enumerate(truth)}
+    assert parquet.read_schema(dst).label_map == label_map
+
+
+def test_folder_labels(tmp_path, convert_cli):
+    src = tmp_path / "v"
+    truth = write_volumes(src, 10, folders=True)
+    for fmt, name, mod in (("parquet", "o.parquet", parquet), ("delta", "o.delta", delta), ("hdf5", "o.h5", hdf5)):
+        res = convert_cli(src, tmp_path / name, "--to", fmt, "--json")
+        assert json.loads(res.stdout)["label_map"] == {"neg": 0, "pos": 1}
+        got = {sid: label for sid, label, _ in mod.read_samples(tmp_path / name)}
+        assert got == {sid: lab for sid, (_, lab) in truth.items()}
+        assert all(sid.startswith(("neg/", "pos/")) for sid in got)
+        assert mod.read_schema(tmp_path / name).label_map == {"neg": 0, "pos": 1}
+
+
+def test_no_folder_labels_gives_unlabeled(tmp_path, convert_cli):
+    src = tmp_path / "v"
+    write_volumes(src, 4, folders=True)
+    dst = tmp_path / "o.h5"
+    res = convert_cli(src, dst, "--to", "hdf5", "--no-folder-labels", "--json")
+    assert json.loads(res.stdout)["labels"] == "none"
+    assert not hdf5.read_schema(dst).labeled
+    assert {label for _, label, _ in hdf5.read_samples(dst)} == {None}
+
+
+def test_csv_that_misses_a_file(tmp_path, volumes, convert_cli):
+    src, truth = volumes
+    csv_path = tmp_path / "partial.csv"
+    lines = (src / "labels.csv").read_text().splitlines()
+    csv_path.write_text("\n".join(line for line in lines if not line.startswith("v004,")) + "\n")
+    res = convert_cli(src, tmp_path / "o.parquet", "--to", "parquet", "--labels", csv_path)
+    assert res.exit_code == 1
+    assert f"{src / 'v004.npy'}: no label for id 'v004' in {csv_path}" in res.stderr
+    assert not (tmp_path / "o.parquet").exists()
+    res = convert_cli(src, tmp_path / "o.parquet", "--to", "parquet", "--labels", csv_path, "--on-error", "skip", "--json")
+    summary = json.loads(res.stdout)
+    assert summary["samples"] == len(truth) - 1 and summary["rejected"] == 1
+    reject = json.loads(Path(summary["rejects_report"]).read_text())
+    assert reject["id"] == "v004" and "no label" in reject["reason"]
+
+
+def test_csv_that_names_a_file_twice(tmp_path, volumes, convert_cli):
+    src, _ = volumes
+    csv_path = tmp_path / "dup.csv"
+    csv_path.write_text((src / "labels.csv").read_text() + "v003,1\n")
+    res = convert_cli(src, tmp_path / "o.parquet", "--to", "parquet", "--labels", csv_path)
+    assert res.exit_code == 1
+    assert f"{csv_path}, line 32: id 'v003' is listed twice (first on line 5)" in res.stderr
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_csv_ids_without_files_are_counted(tmp_path, volumes, convert_cli):
+    src, truth = volumes
+    csv_path = tmp_path / "extra.csv"
+    csv_path.write_text((src / "labels.csv").read_text() + "ghost,1\nphantom,0\n")
+    res = convert_cli(src, tmp_path / "o.parquet", "--to", "parquet", "--labels", csv_path, "--json")
+    assert res.exit_code == 0
+    summary = json.loads(res.stdout)
+    assert summary["labels_unmatched"] == 2 and summary["samples"] == len(truth)
+
+
+@pytest.mark.parametrize("content,message", [
+    ("name,class\nv000,1\n", "needs a header with columns 'id' and 'label'"),
+    ("id,label\n", "labels file has no rows"),
+    ("id,label\nv000,\n", "line 2: empty label for id 'v000'"),
+])
+def test_malformed_csv(tmp_path, volumes, convert_cli, content, message):
+    src, _ = volumes
+    csv_path = tmp_path / "bad.csv"
+    csv_path.write_text(content)
+    res = convert_cli(src, tmp_path / "o.parquet", "--to", "parquet", "--labels", csv_path)
+    assert res.exit_code == 1 and str(csv_path) in res.stderr and message in res.stderr
+
+
+def test_missing_csv(tmp_path, volumes, convert_cli):
+    src, _ = volumes
+    res = convert_cli(src, tmp_path / "o.parquet", "--to", "parquet", "--labels", tmp_path / "none.csv")
+    assert res.exit_code == 1 and "none.csv: labels file not found" in res.stderr
+
+
+def test_delta_append_refuses_ids_already_in_the_table(tmp_path, volumes, convert_cli):
+    src, truth = volumes
+    dst = tmp_path / "t.delta"
+    assert convert_cli(src, dst, "--to", "delta", "--labels", src / "labels.csv").exit_code == 0
+    res = convert_cli(src, dst, "--to", "delta", "--labels", src / "labels.csv", "--mode", "append")
+    assert res.exit_code == 1 and "id 'v000' is already in the Delta table" in res.stderr
+    assert delta.open_table(dst).version() == 0
+    assert delta.read_schema(dst).samples == len(truth)
+
+
+def test_delta_append_of_other_fields_is_refused(tmp_path, volumes, convert_cli):
+    src, _ = volumes
+    dst = tmp_path / "t.delta"
+    assert convert_cli(src, dst, "--to", "delta").exit_code == 0
+    other = tmp_path / "other"
+    write_volumes(other, 3, shape=(2, 2, 2, 2), labels_csv=False)
+    for f in other.glob("*.npy"):
+        f.rename(other / f"o_{f.name}")
+    res = convert_cli(other, dst, "--to", "delta", "--mode", "append")
+    assert res.exit_code == 1 and "cannot append" in res.stderr
+    assert delta.open_table(dst).version() == 0
