@@ -51,7 +51,8 @@ def parse_storage_options(pairs: list[str]) -> dict[str, str]:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise UsageError(f"--storage-option expects KEY=VALUE, got {pair!r}")
-        out[key.strip()] = value
+        # fsspec backends take real booleans (anon=false must not be the truthy string "false")
+        out[key.strip()] = {"true": True, "false": False}.get(value.strip().lower(), value)
     return out
 
 

@@ -7,14 +7,18 @@ OPTIMIZE the folder still holds the replaced files until VACUUM.
 """
 from __future__ import annotations
 
+import json
+import uuid
 from pathlib import Path
 from typing import Iterator
 
 import pyarrow as pa
-from deltalake import ColumnProperties, CommitProperties, DeltaTable, WriterProperties, write_deltalake
+from deltalake import ColumnProperties, CommitProperties, DeltaTable, Schema, WriterProperties
 from deltalake.exceptions import TableNotFoundError
+from deltalake.transaction import AddAction, create_table_with_add_actions
 
-from .layout import DATASET_META, DatasetSchema, arrow_schema, from_record_batch, schema_from_arrow, to_record_batch
+from .layout import DATASET_META, ID, LABEL, DatasetSchema, arrow_schema, from_record_batch, schema_from_arrow
+from .parquet import Part, write_parts
 from .options import WriteOptions, WriteResult
 from .sources import Sample
 
@@ -46,42 +50,41 @@ def open_table(path, version: int | None = None, storage_options: dict[str, str]
 
 def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
           *, storage_options: dict[str, str] | None = None) -> WriteResult:
-    """One Delta commit holding every batch. ``opts.mode``: create (``path`` is new),
-    overwrite (a new version replaces the live files; older versions stay for time travel
-    until VACUUM) or append."""
-    arrow = arrow_schema(schema, opts.tensor_column)
-    counter = {"rows": 0}
-    failure: list[BaseException] = []
-
-    def record_batches():
-        try:
-            for batch in batches:
-                counter["rows"] += len(batch)
-                yield to_record_batch(batch, schema, arrow)
-        except BaseException as exc:  # delta-rs would hide it inside a DeltaError
-            failure.append(exc)
-            raise
-
-    rows_per_group = opts.rows_per_group(max(1, _sample_nbytes(schema)))
-    reader = pa.RecordBatchReader.from_batches(arrow, record_batches())
-    mode = {"create": "error", "overwrite": "overwrite", "append": "append"}[opts.mode]
+    """Write Parquet parts (the same fast writer as ``--to parquet``) into the table folder,
+    then commit them in one Delta transaction. ``opts.mode``: create (``path`` is new),
+    overwrite (a new version whose live files are these; older versions stay for time travel
+    until VACUUM) or append. Until the commit, the new files are invisible to every reader."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    run = uuid.uuid4().hex[:12]
     try:
-        write_deltalake(
-            str(path), reader,
-            mode=mode,
-            schema_mode="overwrite" if mode == "overwrite" else None,
-            target_file_size=opts.target_file_size,
-            writer_properties=writer_properties(schema, opts, rows_per_group),
-            storage_options=storage_options,
-            commit_properties=CommitProperties(custom_metadata={DATASET_META: schema.to_json()}),
-        )
-    except Exception:
-        if failure:
-            raise failure[0] from None
+        parts = write_parts(path, schema, batches, opts, part_name=lambda i: f"part-{i:05d}-{run}-c000.parquet")
+        schema.samples = sum(p.rows for p in parts)
+        actions = [_add_action(path, p, schema.labeled) for p in parts]
+        delta_schema = Schema.from_arrow(arrow_schema(schema, opts.tensor_column))
+        commit = CommitProperties(custom_metadata={DATASET_META: schema.to_json()})
+        if opts.mode == "create":
+            create_table_with_add_actions(str(path), delta_schema, actions, mode="error", commit_properties=commit)
+        else:
+            open_table(path).create_write_transaction(actions, mode=opts.mode, schema=delta_schema,
+                                                      commit_properties=commit)
+    except BaseException:
+        for orphan in path.glob(f"part-*-{run}-c000.parquet"):  # never referenced by the log
+            orphan.unlink(missing_ok=True)
         raise
-    schema.samples = counter["rows"]
-    table = open_table(path, storage_options=storage_options)
-    return _result(table, {"version": table.version(), "rows_written": counter["rows"]})
+    table = open_table(path)
+    return _result(table, {"version": table.version()})
+
+
+def _add_action(folder: Path, part: Part, labeled: bool) -> AddAction:
+    stats = {
+        "numRecords": part.rows,
+        "minValues": {ID: part.min_id, **({LABEL: part.labels[0]} if labeled else {})},
+        "maxValues": {ID: part.max_id, **({LABEL: part.labels[1]} if labeled else {})},
+        "nullCount": {ID: 0, LABEL: 0 if labeled else part.rows},
+    }
+    mtime_ms = int((folder / part.file).stat().st_mtime * 1000)
+    return AddAction(part.file, part.size, {}, mtime_ms, True, json.dumps(stats))
 
 
 def _sample_nbytes(schema: DatasetSchema) -> int:
@@ -122,8 +125,8 @@ def read_schema(path, version: int | None = None, storage_options: dict[str, str
     table = open_table(path, version, storage_options)
     schema = schema_from_arrow(pa.schema(table.schema().to_arrow()))
     schema.samples = sample_count(table)
-    for commit in table.history():  # newest first: provenance of the latest write
-        if DATASET_META in commit:
+    for commit in table.history():  # newest first: provenance of the latest write up to this version
+        if DATASET_META in commit and commit.get("version", -1) <= table.version():
             recorded = DatasetSchema.from_json(commit[DATASET_META])
             schema.labeled, schema.source = recorded.labeled, recorded.source
             break

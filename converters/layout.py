@@ -196,14 +196,22 @@ def to_record_batch(samples: list, schema: DatasetSchema, arrow: pa.Schema) -> p
         if pa.types.is_list(arrow.field(spec.name).type):
             columns.append(_tensor_column(vals, spec))
         elif spec.is_raw:
-            columns.append(pa.array([_le_bytes(v) for v in vals], pa.binary()))
+            columns.append(_binary_column([_le(v).reshape(-1).view(np.uint8) for v in vals]))
         else:
             columns.append(pa.array(vals, pa.binary()))
     return pa.RecordBatch.from_arrays(columns, schema=arrow)
 
 
-def _le_bytes(arr: np.ndarray) -> bytes:
-    return arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+def _le(arr: np.ndarray) -> np.ndarray:
+    return arr.astype(arr.dtype.newbyteorder("<"), copy=False)
+
+
+def _binary_column(chunks: list[np.ndarray]) -> pa.Array:
+    """One Arrow binary array over byte chunks, built with a single copy into one buffer."""
+    offsets = np.zeros(len(chunks) + 1, dtype=np.int32)
+    np.cumsum([c.size for c in chunks], out=offsets[1:])
+    data = np.concatenate(chunks) if chunks else np.empty(0, np.uint8)
+    return pa.Array.from_buffers(pa.binary(), len(chunks), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
 def decode_tensor(value: bytes, spec: FieldSpec) -> np.ndarray:

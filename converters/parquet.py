@@ -3,8 +3,10 @@ split into row groups of about the row-group size, plus the ``_trainfeed.json`` 
 from __future__ import annotations
 
 import json
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -22,57 +24,95 @@ def parquet_compression(name: str) -> str:
     return "NONE" if name == "none" else name.upper()
 
 
-def _open_part(path: Path, index: int, arrow: pa.Schema, opts: WriteOptions):
-    sink = open(path / PART.format(index), "wb")
+@dataclass
+class Part:
+    file: str  # name inside the store folder
+    rows: int
+    size: int
+    min_id: str
+    max_id: str
+    labels: tuple[int | None, int | None]  # (min, max); None when unlabeled
+
+
+def _open_part(file: Path, arrow: pa.Schema, opts: WriteOptions):
+    sink = pa.OSFile(str(file), "wb")  # native file: writes need no GIL
     writer = pq.ParquetWriter(
         sink, arrow,
         compression=parquet_compression(opts.compression),
         compression_level=opts.compression_level,
         # Dictionary encoding and min/max statistics only help the small columns; on tensor
-        # lists they cost CPU and are thrown away.
+        # columns they cost CPU and are thrown away.
         use_dictionary=[ID],
         write_statistics=[ID, LABEL],
     )
     return sink, writer
 
 
+def write_parts(folder: Path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
+                part_name: Callable[[int], str] = PART.format) -> list[Part]:
+    """Write every batch as one row group into part files of about the target size.
+
+    Encoding and writing a row group (pyarrow, GIL released) runs in a writer thread while
+    this thread assembles the next one. Shared by the Parquet and Delta writers."""
+    arrow = arrow_schema(schema, opts.tensor_column)
+    parts: list[Part] = []
+    sink = writer = None
+    pending: Future | None = None
+    rows = 0
+    ids: list[str] = []
+    labels: list[int] = []
+
+    def close_part() -> None:
+        nonlocal sink, writer
+        writer.close()
+        size = sink.tell()
+        sink.close()
+        name = part_name(len(parts))
+        lab = (min(labels), max(labels)) if labels else (None, None)
+        parts.append(Part(name, rows, size, min(ids), max(ids), lab))
+        sink = writer = None
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainfeed-parquet") as pool:
+        try:
+            for batch in batches:
+                record_batch = to_record_batch(batch, schema, arrow)
+                if pending is not None:
+                    pending.result()
+                    if sink.tell() >= opts.target_file_size:
+                        close_part()
+                if writer is None:
+                    sink, writer = _open_part(folder / part_name(len(parts)), arrow, opts)
+                    rows, ids, labels = 0, [], []
+                pending = pool.submit(writer.write_batch, record_batch, row_group_size=len(batch))
+                rows += len(batch)
+                ids += (batch[0].id, batch[-1].id)  # batches arrive in id order
+                labels += [s.label for s in batch if s.label is not None]
+            if pending is not None:
+                pending.result()
+                close_part()
+        finally:
+            if pending is not None:
+                pending.cancel()
+                wait([pending])
+            if writer is not None:
+                writer.close()
+            if sink is not None:
+                sink.close()
+    return parts
+
+
 def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
           *, storage_options: dict[str, str] | None = None) -> WriteResult:
-    """Write every batch as one row group; start a new part when the current one reaches the
-    target file size. ``path`` must be a new (staging) folder."""
+    """Parts plus the manifest. ``path`` must be a new (staging) folder."""
     path = Path(path)
     path.mkdir(parents=True)
-    arrow = arrow_schema(schema, opts.tensor_column)
-    parts: list[dict] = []
-    sink = writer = None
-    rows_in_part = 0
-    try:
-        for batch in batches:
-            if writer is None:
-                sink, writer = _open_part(path, len(parts), arrow, opts)
-                rows_in_part = 0
-            writer.write_batch(to_record_batch(batch, schema, arrow), row_group_size=len(batch))
-            rows_in_part += len(batch)
-            if sink.tell() >= opts.target_file_size:
-                writer.close()
-                sink.close()
-                parts.append({"file": PART.format(len(parts)), "rows": rows_in_part})
-                sink = writer = None
-        if writer is not None:
-            writer.close()
-            sink.close()
-            parts.append({"file": PART.format(len(parts)), "rows": rows_in_part})
-            sink = writer = None
-    finally:
-        if writer is not None:
-            writer.close()
-        if sink is not None:
-            sink.close()
-    schema.samples = sum(p["rows"] for p in parts)
-    manifest = {"format": FORMAT, "writer": f"trainfeed {__version__}", "schema": schema.to_dict(), "parts": parts}
+    parts = write_parts(path, schema, batches, opts)
+    schema.samples = sum(p.rows for p in parts)
+    manifest = {"format": FORMAT, "writer": f"trainfeed {__version__}", "schema": schema.to_dict(),
+                "parts": [{"file": p.file, "rows": p.rows} for p in parts]}
     (path / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    files = [str(path / p["file"]) for p in parts]
-    return WriteResult(files, sum(Path(f).stat().st_size for f in files), {"row_groups": _row_group_count(files)})
+    files = [str(path / p.file) for p in parts]
+    return WriteResult(files, sum(p.size for p in parts), {"row_groups": _row_group_count(files)})
 
 
 def _row_group_count(files: list[str]) -> int:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import fsspec
 import numpy as np
+from numpy.lib import format as npformat
 from PIL import Image, UnidentifiedImageError
 
 from .errors import SampleError, TrainfeedError, UsageError
@@ -133,17 +134,34 @@ _NPY_MAGIC, _ZIP_MAGIC = b"\x93NUMPY", b"PK\x03\x04"
 
 
 def decode_npy(path: str, data: bytes) -> dict[str, np.ndarray]:
+    """Parse the .npy header and view the payload in place (no copy of the tensor bytes)."""
     if not data.startswith(_NPY_MAGIC):
         what = "an .npz archive" if data.startswith(_ZIP_MAGIC) else "not a .npy file"
         raise SampleError(path, f"corrupt or truncated .npy: {what} (no NumPy header)")
+    fp = io.BytesIO(data)
     try:
-        arr = np.load(io.BytesIO(data), allow_pickle=False)
+        version = npformat.read_magic(fp)
+        if version == (1, 0):
+            shape, fortran, dtype = npformat.read_array_header_1_0(fp)
+        elif version == (2, 0):
+            shape, fortran, dtype = npformat.read_array_header_2_0(fp)
+        elif version == (3, 0):
+            return {VOLUME_FIELD: _check_array(path, VOLUME_FIELD, np.load(io.BytesIO(data), allow_pickle=False))}
+        else:
+            raise SampleError(path, f"corrupt or truncated .npy: unknown format version {version}")
     except ValueError as exc:
         if "allow_pickle" in str(exc):
             raise SampleError(path, "holds a pickled object array, which is not loaded for safety") from exc
         raise SampleError(path, f"corrupt or truncated .npy: {exc}") from exc
-    except (OSError, EOFError) as exc:
-        raise SampleError(path, f"corrupt or truncated .npy: {exc}") from exc
+    if dtype.hasobject:
+        raise SampleError(path, "holds a pickled object array, which is not loaded for safety")
+    count = int(np.prod(shape, dtype=np.int64))
+    offset = fp.tell()
+    if len(data) - offset < count * dtype.itemsize:
+        raise SampleError(path, f"corrupt or truncated .npy: header promises {count * dtype.itemsize} bytes of "
+                                f"{dtype} {shape}, file holds {len(data) - offset}")
+    arr = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
+    arr = arr.reshape(shape[::-1]).T if fortran else arr.reshape(shape)
     return {VOLUME_FIELD: _check_array(path, VOLUME_FIELD, arr)}
 
 

@@ -86,3 +86,22 @@ def volumes(tmp_path):
 def images(tmp_path):
     src = tmp_path / "imgs"
     return src, write_images(src, 12)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """A real local Spark session (Java 17 is on the machine)."""
+    from pipelines.spark import get_spark
+
+    session = get_spark("trainfeed-tests", cores=2)
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def azurite_server():
+    """A real Azure Blob endpoint (Azurite) on a free loopback port."""
+    from benchmarks import azurite
+
+    with azurite.start() as server:
+        yield server

@@ -1,0 +1,25 @@
+"""The one place that returns a Spark session: Databricks' own when running there, else a
+local[*] session sized for a laptop or CI machine."""
+from __future__ import annotations
+
+import os
+
+
+def on_databricks() -> bool:
+    return "DATABRICKS_RUNTIME_VERSION" in os.environ
+
+
+def get_spark(app_name: str = "trainfeed", cores: int | str = "*", driver_memory: str = "2g"):
+    from pyspark.sql import SparkSession
+
+    if on_databricks():
+        return SparkSession.builder.getOrCreate()
+    return (
+        SparkSession.builder.master(f"local[{cores}]")
+        .appName(app_name)
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
