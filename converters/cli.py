@@ -118,7 +118,9 @@ def main_command(
                                                "and read). list: an array of numbers (what Spark and DuckDB show as "
                                                "arrays; about 2-3x slower to read)."),
     compression: Optional[str] = typer.Option(None, "--compression", help="parquet/delta: none, snappy, zstd, lz4, "
-                                              "gzip, brotli (default snappy). hdf5: none, lzf, gzip (default none)."),
+                                              "gzip, brotli. hdf5: none, lzf, gzip. Default none: float tensors "
+                                              "and JPEG bytes hardly compress and a codec costs throughput; "
+                                              "use zstd for data that does (masks, integer CT, pixels)."),
     compression_level: Optional[int] = typer.Option(None, "--compression-level", help="Codec level (zstd, gzip, brotli)."),
     hdf5_chunk_size: str = typer.Option("1MB", "--hdf5-chunk-size", help="Approximate HDF5 chunk size; chunks span "
                                         "whole samples along the first axis."),

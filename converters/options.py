@@ -16,7 +16,7 @@ COMPRESSIONS = {
     "delta": ("none", "snappy", "zstd", "lz4", "gzip", "brotli"),
     "hdf5": ("none", "lzf", "gzip"),
 }
-DEFAULT_COMPRESSION = {"parquet": "snappy", "delta": "snappy", "hdf5": "none"}
+DEFAULT_COMPRESSION = {"parquet": "none", "delta": "none", "hdf5": "none"}
 
 
 def parse_size(text: str, what: str = "size") -> int:
@@ -34,7 +34,7 @@ def parse_size(text: str, what: str = "size") -> int:
 class WriteOptions:
     target_file_size: int = 128 * 10**6
     row_group_size: int = 32 * 10**6
-    compression: str = "snappy"
+    compression: str = "none"
     compression_level: int | None = None
     hdf5_chunk_size: int = 1 * 10**6
     mode: str = "create"  # create | overwrite | append
