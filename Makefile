@@ -13,11 +13,13 @@ install: $(STAMP)
 
 # torch first: `torch==2.13.0` resolves to the CPU wheel on this disk; letting
 # another package pull torch in would fetch a multi-GB CUDA build instead.
-$(STAMP): pyproject.toml
+# Azurite (the Azure Blob emulator) comes from npm: package.json / package-lock.json.
+$(STAMP): pyproject.toml package.json
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[tf,spark,gpu,dev]'
+	npm install --no-audit --no-fund --loglevel=error
 	touch $(STAMP)
 
 test: install
