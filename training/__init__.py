@@ -1,0 +1,1 @@
+"""trainfeed's read side: stores -> batches -> PyTorch / TensorFlow training with step accounting."""

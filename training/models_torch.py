@@ -11,9 +11,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-STAGES = (64, 128, 256, 512)
-
-
 class _Block(nn.Module):
     def __init__(self, conv, norm, cin: int, cout: int, stride: int):
         super().__init__()
@@ -35,24 +32,25 @@ class _Block(nn.Module):
 class ResNet18(nn.Module):
     """ResNet-18; ``dims`` 3 for volumes (N, X, Y, Z, C), 2 for images (N, H, W, C)."""
 
-    def __init__(self, in_channels: int, num_outputs: int, dims: int = 3):
+    def __init__(self, in_channels: int, num_outputs: int, dims: int = 3, width: int = 64):
         super().__init__()
         self.dims = dims
+        stages = tuple(width * m for m in (1, 2, 4, 8))
         conv, norm = (nn.Conv3d, nn.BatchNorm3d) if dims == 3 else (nn.Conv2d, nn.BatchNorm2d)
         if dims == 3:
-            stem = nn.Conv3d(in_channels, 64, (3, 7, 7), stride=(1, 2, 2), padding=(1, 3, 3), bias=False)
-            layers = [stem, norm(64), nn.ReLU(inplace=True)]
+            stem = nn.Conv3d(in_channels, width, (3, 7, 7), stride=(1, 2, 2), padding=(1, 3, 3), bias=False)
+            layers = [stem, norm(width), nn.ReLU(inplace=True)]
         else:
-            stem = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
-            layers = [stem, norm(64), nn.ReLU(inplace=True), nn.MaxPool2d(3, stride=2, padding=1)]
-        cin = 64
-        for i, cout in enumerate(STAGES):
+            stem = nn.Conv2d(in_channels, width, 7, stride=2, padding=3, bias=False)
+            layers = [stem, norm(width), nn.ReLU(inplace=True), nn.MaxPool2d(3, stride=2, padding=1)]
+        cin = width
+        for i, cout in enumerate(stages):
             stride = 1 if i == 0 else 2
             layers += [_Block(conv, norm, cin, cout, stride), _Block(conv, norm, cout, cout, 1)]
             cin = cout
         self.features = nn.Sequential(*layers)
         self.pool = nn.AdaptiveAvgPool3d(1) if dims == 3 else nn.AdaptiveAvgPool2d(1)
-        self.head = nn.Linear(512, num_outputs)
+        self.head = nn.Linear(stages[-1], num_outputs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.dims == 3:  # (N, X, Y, Z, C) -> (N, C, Z, X, Y): depth is the short Z axis
@@ -63,12 +61,12 @@ class ResNet18(nn.Module):
         return self.head(torch.flatten(self.pool(x), 1))
 
 
-def build(input_shape: tuple[int, ...], num_outputs: int) -> ResNet18:
-    """3D model for (X, Y, Z, C) inputs, 2D for (H, W, C)."""
+def build(input_shape: tuple[int, ...], num_outputs: int, width: int = 64) -> ResNet18:
+    """3D model for (X, Y, Z, C) inputs, 2D for (H, W, C); ``width`` 64 is ResNet-18."""
     if len(input_shape) == 4:
-        return ResNet18(input_shape[-1], num_outputs, dims=3)
+        return ResNet18(input_shape[-1], num_outputs, dims=3, width=width)
     if len(input_shape) == 3:
-        return ResNet18(input_shape[-1], num_outputs, dims=2)
+        return ResNet18(input_shape[-1], num_outputs, dims=2, width=width)
     raise ValueError(f"no model for sample shape {input_shape}: need (X, Y, Z, C) volumes or (H, W, C) images")
 
 

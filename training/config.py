@@ -1,0 +1,89 @@
+"""Options of a training run, shared by the PyTorch and TensorFlow loops, and their checks."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+
+from converters.errors import TrainfeedError, UsageError
+
+FRAMEWORKS = ("torch", "tf")
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass
+class TrainConfig:
+    data: str
+    fmt: str | None = None
+    framework: str = "torch"
+    device: str = "cpu"
+    batch_size: int = 32
+    steps_per_epoch: int | None = None  # None: a full pass over this rank's shard
+    epochs: int = 1
+    workers: int = 2
+    pool: str = "thread"
+    amp: bool = False
+    seed: int = 0
+    lr: float = 1e-3
+    width: int = 64  # channels of the first stage; 64 is ResNet-18 (33.2M parameters in 3D)
+    num_classes: int | None = None  # None: from the label map, else 2
+    out: str = "train-out"
+    eval_data: str | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0  # steps; 0: only on SIGTERM and at the end
+    resume: bool = False
+    delta_version: int | None = None
+    labels_csv: str | None = None
+    field_name: str | None = None
+    shuffle_buffer: int = 256
+    warmup_steps: int = 1
+    storage_options: dict = field(default_factory=dict)
+    progress: bool = True
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["storage_options"] = sorted(self.storage_options)  # keys only: values may be secrets
+        return d
+
+    def signature(self) -> str:
+        """What a checkpoint must match to be resumed: the data and the model, not the pacing."""
+        key = {k: getattr(self, k) for k in ("data", "framework", "width", "num_classes", "field_name", "seed")}
+        return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def check(cfg: TrainConfig) -> None:
+    """Usage errors (exit 2) and an unusable device (exit 1), before anything is read."""
+    if cfg.framework not in FRAMEWORKS:
+        raise UsageError(f"--framework must be torch or tf, not {cfg.framework!r}")
+    if cfg.device not in DEVICES:
+        raise UsageError(f"--device must be cpu or cuda, not {cfg.device!r}")
+    for name in ("batch_size", "epochs", "workers", "width"):
+        if getattr(cfg, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
+    if cfg.steps_per_epoch is not None and cfg.steps_per_epoch < 1:
+        raise UsageError("--steps-per-epoch must be at least 1")
+    if cfg.resume and not cfg.checkpoint_dir:
+        raise UsageError("--resume needs --checkpoint-dir")
+    if cfg.checkpoint_every < 0:
+        raise UsageError("--checkpoint-every must be 0 or more")
+    if cfg.delta_version is not None and cfg.fmt not in (None, "delta"):
+        raise UsageError("--delta-version applies to Delta tables only")
+    if cfg.device == "cuda":
+        if cfg.framework == "torch":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise TrainfeedError("--device cuda: no CUDA device is available to PyTorch here "
+                                     f"(torch {torch.__version__}); use --device cpu")
+        else:
+            import tensorflow as tf
+
+            if not tf.config.list_physical_devices("GPU"):
+                raise TrainfeedError("--device cuda: TensorFlow sees no GPU here (tensorflow-cpu is installed); "
+                                     "use --device cpu")
+
+
+def distributed_env() -> tuple[int, int, int]:
+    """(rank, world size, local rank) as torchrun / TorchDistributor set them."""
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))

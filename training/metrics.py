@@ -1,0 +1,162 @@
+"""Where every second of a training run goes: per-step data wait and compute, and the
+machine's utilization sampled about once a second. Definitions: docs/DESIGN.md."""
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import psutil
+
+
+@dataclass
+class StepRecord:
+    step: int  # global step
+    epoch: int
+    data_wait_s: float
+    compute_s: float
+    samples: int
+    bytes: int
+    loss: float | None = None
+
+    def to_dict(self) -> dict:
+        return {"step": self.step, "epoch": self.epoch, "data_wait_s": round(self.data_wait_s, 6),
+                "compute_s": round(self.compute_s, 6), "samples": self.samples, "bytes": self.bytes,
+                "loss": self.loss}
+
+
+@dataclass
+class StepTimer:
+    """Splits each step into data wait (blocked on the next batch) and compute (the step,
+    synchronized on the device before the clock is read). Warm-up steps are recorded but
+    excluded from the summary."""
+
+    warmup_steps: int = 1
+    records: list[StepRecord] = field(default_factory=list)
+    sink: Callable[[StepRecord], None] | None = None
+
+    def add(self, record: StepRecord) -> None:
+        self.records.append(record)
+        if self.sink:
+            self.sink(record)
+
+    def summary(self) -> dict:
+        steady = self.records[self.warmup_steps:] or self.records
+        if not steady:
+            return {"steps": 0}
+        wait = sum(r.data_wait_s for r in steady)
+        compute = sum(r.compute_s for r in steady)
+        wall = wait + compute
+        samples = sum(r.samples for r in steady)
+        nbytes = sum(r.bytes for r in steady)
+        step_times = [r.data_wait_s + r.compute_s for r in steady]
+        return {
+            "steps": len(self.records),
+            "steps_measured": len(steady),
+            "warmup_steps": min(self.warmup_steps, len(self.records)),
+            "samples": samples,
+            "wall_s": round(wall, 4),
+            "data_wait_s": round(wait, 4),
+            "compute_s": round(compute, 4),
+            "samples_per_s": round(samples / wall, 3) if wall else None,
+            "mb_per_s": round(nbytes / wall / 1e6, 3) if wall else None,
+            "stall_fraction": round(wait / wall, 4) if wall else None,
+            "au": round(compute / wall, 4) if wall else None,
+            "step_time_s": {"median": round(statistics.median(step_times), 6),
+                            "p90": round(sorted(step_times)[int(0.9 * (len(step_times) - 1))], 6)},
+            "compute_step_s": round(statistics.median(r.compute_s for r in steady), 6),
+        }
+
+
+class UtilizationSampler:
+    """A background thread sampling CPU %, RSS, disk and network bytes (and GPU utilization
+    and memory through NVML when a GPU is present) every ``interval`` seconds."""
+
+    def __init__(self, interval: float = 1.0, sink: Callable[[dict], None] | None = None):
+        self.interval = interval
+        self.sink = sink
+        self.samples: list[dict] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="trainfeed-util", daemon=True)
+        self._proc = psutil.Process()
+        self._nvml = _nvml_handles()
+
+    def __enter__(self) -> UtilizationSampler:
+        self._t0 = time.monotonic()
+        psutil.cpu_percent(None)
+        self._proc.cpu_percent(None)
+        self._disk0 = psutil.disk_io_counters()
+        self._net0 = psutil.net_io_counters()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _sample(self) -> dict:
+        disk, net = psutil.disk_io_counters(), psutil.net_io_counters()
+        mem = psutil.virtual_memory()
+        rec = {
+            "t": round(time.monotonic() - self._t0, 3),
+            "cpu_percent": psutil.cpu_percent(None),
+            "process_cpu_percent": self._proc.cpu_percent(None),
+            "rss_mb": round(self._proc.memory_info().rss / 1e6, 1),
+            "ram_used_percent": mem.percent,
+            "swap_used_mb": round(psutil.swap_memory().used / 1e6, 1),
+            "disk_read_mb": round(((disk.read_bytes - self._disk0.read_bytes) if disk and self._disk0 else 0) / 1e6, 3),
+            "net_recv_mb": round(((net.bytes_recv - self._net0.bytes_recv) if net and self._net0 else 0) / 1e6, 3),
+        }
+        for i, handle in enumerate(self._nvml):
+            import pynvml
+
+            util = pynvml.nvmlDeviceGetUtilizationRates(handle)
+            meminfo = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            rec[f"gpu{i}_util_percent"] = util.gpu
+            rec[f"gpu{i}_mem_mb"] = round(meminfo.used / 1e6, 1)
+        return rec
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            rec = self._sample()
+            self.samples.append(rec)
+            if self.sink:
+                self.sink(rec)
+
+    def summary(self) -> dict:
+        if not self.samples:
+            return {}
+        keys = [k for k in self.samples[0] if k != "t" and not k.endswith(("read_mb", "recv_mb"))]
+        out = {f"{k}_mean": round(statistics.mean(s[k] for s in self.samples), 2) for k in keys}
+        out["rss_mb_max"] = max(s["rss_mb"] for s in self.samples)
+        out["disk_read_mb"] = self.samples[-1]["disk_read_mb"]
+        out["net_recv_mb"] = self.samples[-1]["net_recv_mb"]
+        return out
+
+
+def _nvml_handles() -> list:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    except Exception:  # no driver, no GPU, no package: CPU-only run
+        return []
+
+
+class JsonLines:
+    """Append-only JSON-lines file, flushed per record so a killed run keeps what it measured."""
+
+    def __init__(self, path: Path):
+        self.fh = open(path, "a")
+
+    def __call__(self, record) -> None:
+        self.fh.write(json.dumps(record.to_dict() if hasattr(record, "to_dict") else record) + "\n")
+        self.fh.flush()
+
+    def close(self) -> None:
+        self.fh.close()

@@ -1,0 +1,177 @@
+"""What every training loop shares: opening the data, the prefetch thread whose blocking
+time is the data wait, preemption on SIGTERM, and the files a run writes to ``--out``."""
+from __future__ import annotations
+
+import json
+import platform
+import queue
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from converters.errors import TrainfeedError
+
+from .config import TrainConfig, distributed_env
+from .metrics import JsonLines, StepRecord, StepTimer, UtilizationSampler
+from .readers import Batch, ReaderOptions, Store, check_sharding, iter_batches, open_store
+
+
+@dataclass
+class Plan:
+    store: Store
+    reader: ReaderOptions
+    steps_per_epoch: int
+    num_classes: int
+    input_shape: tuple[int, ...]
+    rank: int
+    world: int
+
+
+def reader_options(cfg: TrainConfig, rank: int = 0, world: int = 1, shuffle: bool = True) -> ReaderOptions:
+    return ReaderOptions(batch_size=cfg.batch_size, workers=cfg.workers, shuffle=shuffle, seed=cfg.seed,
+                         shuffle_buffer=cfg.shuffle_buffer, pool=cfg.pool, shard=rank, num_shards=world,
+                         delta_version=cfg.delta_version, field_name=cfg.field_name, labels_csv=cfg.labels_csv,
+                         storage_options=cfg.storage_options)
+
+
+def plan(cfg: TrainConfig) -> Plan:
+    rank, world, _ = distributed_env()
+    opts = reader_options(cfg, rank, world)
+    store = open_store(cfg.data, cfg.fmt, opts)
+    if store.spec.shape is None:
+        raise TrainfeedError(f"{cfg.data}: field {store.spec.name!r} has no fixed shape (images of varying sizes); "
+                             "convert with --resize HxW")
+    if not store.spec.is_raw:
+        raise TrainfeedError(f"{cfg.data}: field {store.spec.name!r} holds encoded images; convert with "
+                             "--image-storage decoded to train from it")
+    if not store.schema.labeled:
+        raise TrainfeedError(f"{cfg.data}: store is unlabeled; training needs a label column")
+    full = check_sharding(store, world, cfg.batch_size)
+    steps = min(full, cfg.steps_per_epoch) if cfg.steps_per_epoch else full
+    num_classes = cfg.num_classes or (len(store.schema.label_map) if store.schema.label_map else 2)
+    return Plan(store, opts, steps, num_classes, tuple(store.spec.shape), rank, world)
+
+
+def check_labels(batch: Batch, num_classes: int, path: str) -> None:
+    bad = (batch.y < 0) | (batch.y >= num_classes)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise TrainfeedError(f"{path}: sample {batch.ids[i]!r} has label {int(batch.y[i])}, outside 0..{num_classes - 1} "
+                             f"(set --num-classes if the store has more classes)")
+
+
+class Prefetcher:
+    """Runs the reader (and ``convert``, e.g. to pinned tensors) in a thread, ``depth`` batches
+    ahead. ``get()`` returns the next item and how long the caller waited for it."""
+
+    _END = object()
+
+    def __init__(self, batches: Iterator[Batch], convert: Callable[[Batch], object], depth: int = 2):
+        self._q: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(batches, convert), daemon=True,
+                                        name="trainfeed-prefetch")
+        self._thread.start()
+
+    def _run(self, batches, convert) -> None:
+        try:
+            for batch in batches:
+                item = (batch, convert(batch))
+                while not self._stop.is_set():
+                    try:
+                        self._q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if self._stop.is_set():
+                    return
+            self._q.put(self._END)
+        except BaseException as exc:  # handed to the training thread
+            self._q.put(exc)
+
+    def get(self):
+        t0 = time.perf_counter()
+        item = self._q.get()
+        wait = time.perf_counter() - t0
+        if item is self._END:
+            return None, wait
+        if isinstance(item, BaseException):
+            raise item
+        return item, wait
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+class Preemption:
+    """SIGTERM (a spot node being reclaimed) sets a flag the loop checks after every step."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self) -> Preemption:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+class RunFiles:
+    """``--out``: steps.jsonl, utilization.jsonl, summary.json (rank 0; other ranks suffix -rankN)."""
+
+    def __init__(self, out: str, rank: int = 0):
+        self.dir = Path(out)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        suffix = "" if rank == 0 else f"-rank{rank}"
+        self.steps = JsonLines(self.dir / f"steps{suffix}.jsonl")
+        self.util = JsonLines(self.dir / f"utilization{suffix}.jsonl")
+        self.summary_path = self.dir / f"summary{suffix}.json"
+
+    def write_summary(self, summary: dict) -> None:
+        tmp = self.summary_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(summary, indent=1))
+        tmp.replace(self.summary_path)
+
+    def close(self) -> None:
+        self.steps.close()
+        self.util.close()
+
+
+def environment() -> dict:
+    import os
+
+    import psutil
+
+    return {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(), "ram_gb": round(psutil.virtual_memory().total / 1e9, 1),
+            "hostname_hash": hash(platform.node()) & 0xFFFF}
+
+
+def summarize(cfg: TrainConfig, p: Plan, timer: StepTimer, util: UtilizationSampler, extra: dict) -> dict:
+    return {
+        "framework": cfg.framework, "device": cfg.device, "store": p.store.path, "format": p.store.fmt,
+        "delta_version": p.store.version, "field": p.store.spec.name, "sample_shape": list(p.input_shape),
+        "batch_size": cfg.batch_size, "steps_per_epoch": p.steps_per_epoch, "epochs": cfg.epochs,
+        "rank": p.rank, "world_size": p.world, "num_classes": p.num_classes,
+        **timer.summary(), "utilization": util.summary(), "environment": environment(),
+        "config": cfg.to_dict(), **extra,
+    }
+
+
+def record(timer: StepTimer, step: int, epoch: int, wait: float, compute: float, batch: Batch, loss) -> StepRecord:
+    rec = StepRecord(step, epoch, wait, compute, len(batch.ids), batch.nbytes, loss)
+    timer.add(rec)
+    return rec
