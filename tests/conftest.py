@@ -105,3 +105,28 @@ def azurite_server():
 
     with azurite.start() as server:
         yield server
+
+
+LEARN_SHAPE = (12, 12, 4, 2)
+
+
+@pytest.fixture(scope="session")
+def learnable(tmp_path_factory):
+    """A learnable volume dataset (label = sign of a region mean), split into train and
+    held-out folders, and the train split converted into every format."""
+    from benchmarks.synth import generate_volumes
+    from converters.cli import app
+
+    root = tmp_path_factory.mktemp("learnable")
+    generate_volumes(root / "train", 384, shape=LEARN_SHAPE, seed=11)
+    generate_volumes(root / "holdout", 128, shape=LEARN_SHAPE, seed=12)
+    stores = {"blob": root / "train"}
+    for fmt, name in (("parquet", "train.parquet"), ("delta", "train.delta"), ("hdf5", "train_h5")):
+        res = run_cli(app, root / "train", root / name, "--to", fmt, "--labels", root / "train" / "labels.csv",
+                      "--row-group-size", "40KB", "--target-file-size", "400KB", "--no-progress")
+        assert res.exit_code == 0, res.stderr
+        stores[fmt] = root / name
+    res = run_cli(app, root / "holdout", root / "holdout.h5", "--to", "hdf5", "--labels",
+                  root / "holdout" / "labels.csv", "--no-progress")
+    assert res.exit_code == 0, res.stderr
+    return {"root": root, "stores": stores, "holdout": root / "holdout.h5"}

@@ -41,7 +41,7 @@ class ReaderOptions:
     shuffle: bool = True
     seed: int = 0
     shuffle_buffer: int = 256  # samples held for shuffling across pieces
-    pool: str = "thread"  # petastorm reader pool: thread | process | dummy
+    pool: str = "process"  # petastorm reader pool: process | thread | dummy (thread can drop row groups)
     shard: int = 0
     num_shards: int = 1
     delta_version: int | None = None
@@ -203,8 +203,11 @@ def _petastorm_rows(store: Store, opts: ReaderOptions, epoch: int) -> Iterator[t
     reader = make_batch_reader(urls, schema_fields=["id", "label", spec.name], num_epochs=1,
                                shuffle_row_groups=opts.shuffle, seed=opts.seed + epoch,
                                reader_pool_type=opts.pool, workers_count=max(1, opts.workers), **kwargs)
+    expected = store.shard_rows(opts.shard, opts.num_shards)
+    delivered = 0
     try:
         for rb in reader:
+            delivered += len(rb.id)
             values = getattr(rb, spec.name)
             if len(values) and isinstance(values[0], bytes):
                 x = np.stack([decode_tensor(v, spec) for v in values])
@@ -215,6 +218,12 @@ def _petastorm_rows(store: Store, opts: ReaderOptions, epoch: int) -> Iterator[t
     finally:  # not the context manager: its exit prints to stdout
         reader.stop()
         reader.join()
+    if delivered != expected:
+        # Petastorm 0.13.1's thread pool can end an epoch early (a race between its ventilator
+        # and its per-worker queues) and silently drop row groups: never train on that.
+        raise TrainfeedError(f"{store.path}: Petastorm's {opts.pool} pool delivered {delivered} of {expected} rows "
+                             f"this epoch (a known race in petastorm 0.13.1's thread pool); "
+                             f"use --reader-pool process or dummy")
 
 
 def _labels(values) -> np.ndarray:
