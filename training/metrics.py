@@ -97,6 +97,12 @@ class UtilizationSampler:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join(5)
+        self._record(self._sample())  # a short run still gets one sample
+
+    def _record(self, rec: dict) -> None:
+        self.samples.append(rec)
+        if self.sink:
+            self.sink(rec)
 
     def _sample(self) -> dict:
         disk, net = psutil.disk_io_counters(), psutil.net_io_counters()
@@ -122,10 +128,7 @@ class UtilizationSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            rec = self._sample()
-            self.samples.append(rec)
-            if self.sink:
-                self.sink(rec)
+            self._record(self._sample())
 
     def summary(self) -> dict:
         if not self.samples:
