@@ -35,6 +35,7 @@ class Fmt(str, Enum):
 
 
 class Pool(str, Enum):
+    sharded = "sharded"
     thread = "thread"
     process = "process"
     dummy = "dummy"
@@ -81,8 +82,10 @@ def main_command(
     steps_per_epoch: Optional[int] = typer.Option(None, "--steps-per-epoch", help="Default: one pass over the data."),
     epochs: int = typer.Option(1, "--epochs"),
     workers: int = typer.Option(2, "--workers", help="Reader workers (Petastorm pool, HDF5 processes, blob threads)."),
-    pool: Pool = typer.Option(Pool.process, "--reader-pool", help="Petastorm reader pool (parquet, delta). thread "
-                              "can drop row groups in petastorm 0.13.1 (trainfeed stops the run if it does)."),
+    pool: Pool = typer.Option(Pool.sharded, "--reader-pool", help="parquet/delta: sharded = --workers single-threaded "
+                              "Petastorm readers on disjoint row groups, one thread each (fast, exact); process, "
+                              "thread, dummy = Petastorm's own pools (thread can drop row groups in petastorm "
+                              "0.13.1: the run then stops with an error)."),
     amp: bool = typer.Option(False, "--amp", help="Mixed precision: bf16 where supported, else fp16 with loss scaling."),
     seed: int = typer.Option(0, "--seed", help="Seeds the model, the shuffle order and sharding."),
     lr: float = typer.Option(1e-3, "--lr", help="Adam learning rate."),

@@ -22,7 +22,7 @@ class TrainConfig:
     steps_per_epoch: int | None = None  # None: a full pass over this rank's shard
     epochs: int = 1
     workers: int = 2
-    pool: str = "process"
+    pool: str = "sharded"
     amp: bool = False
     seed: int = 0
     lr: float = 1e-3

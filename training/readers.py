@@ -11,11 +11,13 @@ pieces and then samples through a seeded buffer, and yields ``Batch`` objects of
 from __future__ import annotations
 
 import os
+import queue
+import threading
 import warnings
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -41,7 +43,7 @@ class ReaderOptions:
     shuffle: bool = True
     seed: int = 0
     shuffle_buffer: int = 256  # samples held for shuffling across pieces
-    pool: str = "process"  # petastorm reader pool: process | thread | dummy (thread can drop row groups)
+    pool: str = "sharded"  # sharded | process | thread | dummy (see _petastorm_rows; thread can drop row groups)
     shard: int = 0
     num_shards: int = 1
     delta_version: int | None = None
@@ -192,38 +194,110 @@ def check_sharding(store: Store, num_shards: int, batch_size: int) -> int:
 
 # ------------------------------------------------------------------ row sources
 
-def _petastorm_rows(store: Store, opts: ReaderOptions, epoch: int) -> Iterator[tuple[list, np.ndarray, np.ndarray]]:
+def _petastorm_reader(store: Store, opts: ReaderOptions, epoch: int, pool: str, workers: int,
+                      cur_shard: int, shard_count: int):
     from petastorm import make_batch_reader
 
     urls = ["file://" + os.path.abspath(f) if "://" not in f else f for f in store.extra["files"]]
-    spec = store.spec
-    kwargs = {}
-    if opts.num_shards > 1:
-        kwargs.update(cur_shard=opts.shard, shard_count=opts.num_shards)
-    reader = make_batch_reader(urls, schema_fields=["id", "label", spec.name], num_epochs=1,
-                               shuffle_row_groups=opts.shuffle, seed=opts.seed + epoch,
-                               reader_pool_type=opts.pool, workers_count=max(1, opts.workers), **kwargs)
-    expected = store.shard_rows(opts.shard, opts.num_shards)
-    delivered = 0
+    kwargs = dict(cur_shard=cur_shard, shard_count=shard_count) if shard_count > 1 else {}
+    return make_batch_reader(urls, schema_fields=["id", "label", store.spec.name], num_epochs=1,
+                             shuffle_row_groups=opts.shuffle, seed=opts.seed + epoch + 7919 * cur_shard,
+                             reader_pool_type=pool, workers_count=workers, **kwargs)
+
+
+def _decode_rows(rb, spec: FieldSpec) -> tuple[list, np.ndarray, np.ndarray]:
+    values = getattr(rb, spec.name)
+    if len(values) and isinstance(values[0], bytes):
+        x = np.stack([decode_tensor(v, spec) for v in values])
+    else:
+        x = np.asarray(np.stack(values) if values.dtype == object else values, dtype=spec.dtype)
+        x = x.reshape((len(values), *spec.shape))
+    return list(rb.id), _labels(rb.label), x
+
+
+def _drain(reader, spec: FieldSpec) -> Iterator[tuple]:
     try:
         for rb in reader:
-            delivered += len(rb.id)
-            values = getattr(rb, spec.name)
-            if len(values) and isinstance(values[0], bytes):
-                x = np.stack([decode_tensor(v, spec) for v in values])
-            else:
-                x = np.asarray(np.stack(values) if values.dtype == object else values, dtype=spec.dtype)
-                x = x.reshape((len(values), *spec.shape))
-            yield list(rb.id), _labels(rb.label), x
+            yield _decode_rows(rb, spec)
     finally:  # not the context manager: its exit prints to stdout
         reader.stop()
         reader.join()
+
+
+def _merge_in_threads(sources: list[Callable[[], Iterator]], depth: int = 4) -> Iterator:
+    """Items of several iterators, each drained ahead by its own thread, taken round-robin:
+    the merged order is as deterministic as the sources are."""
+    queues = [queue.Queue(maxsize=depth) for _ in sources]
+    stop = threading.Event()
+    done = object()
+
+    def run(make, q):
+        try:
+            for item in make():
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        pass
+                if stop.is_set():
+                    return
+            q.put(done)
+        except BaseException as exc:
+            q.put(exc)
+
+    threads = [threading.Thread(target=run, args=(m, q), daemon=True, name="trainfeed-petastorm")
+               for m, q in zip(sources, queues)]
+    for t in threads:
+        t.start()
+    live = list(queues)
+    try:
+        while live:
+            for q in list(live):
+                item = q.get()
+                if item is done:
+                    live.remove(q)
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield item
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+
+
+def _petastorm_rows(store: Store, opts: ReaderOptions, epoch: int) -> Iterator[tuple[list, np.ndarray, np.ndarray]]:
+    """Petastorm ``make_batch_reader`` rows of this rank's shard.
+
+    pool "sharded" (default): W single-threaded Petastorm readers, each on a disjoint sub-shard
+    of the row groups (Petastorm's own cur_shard/shard_count), drained by W threads. Parquet
+    reads release the GIL, so this scales like a thread pool without the thread pool's race."""
+    spec = store.spec
+    expected = store.shard_rows(opts.shard, opts.num_shards)
+    if opts.pool == "sharded":
+        s, n = opts.shard, opts.num_shards
+        w = max(1, min(opts.workers, len(store.pieces) // n))
+        # row group i is read by sub-shard i % (n*w); the union over this rank's w sub-shards
+        # is exactly {i : i % n == s}, the rank's shard.
+        makers = [lambda k=k: _drain(_petastorm_reader(store, opts, epoch, "dummy", 1, s + n * k, n * w), spec)
+                  for k in range(w)]
+        rows = _merge_in_threads(makers) if w > 1 else makers[0]()
+    else:
+        if opts.pool == "process":  # its worker processes inherit the environment, not our warning filters
+            os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
+        rows = _drain(_petastorm_reader(store, opts, epoch, opts.pool, max(1, opts.workers), opts.shard,
+                                        opts.num_shards), spec)
+    delivered = 0
+    for item in rows:
+        delivered += len(item[0])
+        yield item
     if delivered != expected:
         # Petastorm 0.13.1's thread pool can end an epoch early (a race between its ventilator
         # and its per-worker queues) and silently drop row groups: never train on that.
         raise TrainfeedError(f"{store.path}: Petastorm's {opts.pool} pool delivered {delivered} of {expected} rows "
                              f"this epoch (a known race in petastorm 0.13.1's thread pool); "
-                             f"use --reader-pool process or dummy")
+                             f"use --reader-pool sharded (the default), process or dummy")
 
 
 def _labels(values) -> np.ndarray:
