@@ -36,6 +36,7 @@ class Fmt(str, Enum):
 
 class Pool(str, Enum):
     sharded = "sharded"
+    arrow = "arrow"
     thread = "thread"
     process = "process"
     dummy = "dummy"
@@ -85,7 +86,8 @@ def main_command(
     pool: Pool = typer.Option(Pool.sharded, "--reader-pool", help="parquet/delta: sharded = --workers single-threaded "
                               "Petastorm readers on disjoint row groups, one thread each (fast, exact); process, "
                               "thread, dummy = Petastorm's own pools (thread can drop row groups in petastorm "
-                              "0.13.1: the run then stops with an error)."),
+                              "0.13.1: the run then stops with an error). arrow = no Petastorm: row groups read "
+                              "by pyarrow in --workers threads, tensors viewed in place (fastest)."),
     amp: bool = typer.Option(False, "--amp", help="Mixed precision: bf16 where supported, else fp16 with loss scaling."),
     seed: int = typer.Option(0, "--seed", help="Seeds the model, the shuffle order and sharding."),
     lr: float = typer.Option(1e-3, "--lr", help="Adam learning rate."),

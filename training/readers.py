@@ -2,7 +2,7 @@
 
 - parquet / delta: Petastorm ``make_batch_reader`` over the store's files (for Delta, the
   live snapshot's files from the log, at ``delta_version`` if given);
-- hdf5: h5py, chunk-aligned slices read by a pool of worker processes (one handle each);
+- hdf5: h5py, chunk-aligned slices read ahead by worker threads (one handle per thread and file);
 - blob: the original small files, one read per sample, N threads (local or any fsspec URL).
 
 Every reader shards by rank the same way (pieces -> ``index % num_shards == shard``), shuffles
@@ -14,12 +14,12 @@ import os
 import queue
 import threading
 import warnings
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
+import pyarrow as pa
 
 from converters import delta, hdf5, parquet
 from converters.errors import TrainfeedError, UsageError
@@ -43,7 +43,7 @@ class ReaderOptions:
     shuffle: bool = True
     seed: int = 0
     shuffle_buffer: int = 256  # samples held for shuffling across pieces
-    pool: str = "sharded"  # sharded | process | thread | dummy (see _petastorm_rows; thread can drop row groups)
+    pool: str = "sharded"  # Petastorm: sharded | process | thread | dummy (see _petastorm_rows); or arrow (no Petastorm)
     shard: int = 0
     num_shards: int = 1
     delta_version: int | None = None
@@ -307,31 +307,32 @@ def _labels(values) -> np.ndarray:
     return np.nan_to_num(arr, nan=-1).astype(np.int64)
 
 
-_H5: dict = {}
+_H5 = threading.local()
 
 
 def _read_h5_slice(piece: tuple[str, int, int], field_name: str, labeled: bool):
-    """In a worker process: one cached h5py handle per file, one contiguous read per slice."""
+    """One cached h5py handle per file and reading thread; one contiguous read per slice."""
     import h5py
 
     f, start, stop = piece
-    h5 = _H5.get(f)
+    handles = _H5.__dict__.setdefault("handles", {})
+    h5 = handles.get(f)
     if h5 is None:
-        h5 = _H5[f] = h5py.File(f, "r")
+        h5 = handles[f] = h5py.File(f, "r")
     ids = [x.decode() if isinstance(x, bytes) else x for x in h5["id"][start:stop]]
     y = h5["label"][start:stop] if labeled else np.full(stop - start, -1, np.int64)
     return ids, y, h5[field_name][start:stop]
 
 
 def _hdf5_rows(store: Store, opts: ReaderOptions, order: list[int]) -> Iterator[tuple]:
+    """Chunk-aligned slices read ahead by ``workers`` threads, in shuffled order. Threads, not
+    processes: pickling slices back from worker processes cost 4x the read (docs/BENCHMARKS.md)."""
     pieces = [store.pieces[i] for i in order]
-    if opts.workers <= 1:
-        for p in pieces:
-            yield _read_h5_slice(p, store.spec.name, store.schema.labeled)
-        return
-    with ProcessPoolExecutor(opts.workers) as pool:
-        yield from pool.map(_read_h5_slice, pieces, [store.spec.name] * len(pieces),
-                            [store.schema.labeled] * len(pieces), chunksize=1)
+    read = lambda p: _read_h5_slice(p, store.spec.name, store.schema.labeled)  # noqa: E731
+    for result in ordered_map(read, pieces, max(1, opts.workers), window_per_worker=2):
+        if isinstance(result, Exception):
+            raise TrainfeedError(f"{store.path}: cannot read: {result}") from result
+        yield result
 
 
 def _blob_rows(store: Store, opts: ReaderOptions, order: list[int]) -> Iterator[tuple]:
@@ -346,14 +347,47 @@ def _blob_rows(store: Store, opts: ReaderOptions, order: list[int]) -> Iterator[
         yield [sample.id], np.array([label], np.int64), value[None]
 
 
+_PQ = threading.local()
+
+
+def _read_row_group(piece: tuple[str, int], spec: FieldSpec) -> tuple[list, np.ndarray, np.ndarray]:
+    """One row group with pyarrow; a binary tensor column becomes a zero-copy view of its
+    data buffer (all values have the same length, so the buffer is the stacked tensors)."""
+    import pyarrow.parquet as pq
+
+    f, rg = piece
+    files = _PQ.__dict__.setdefault("files", {})
+    pf = files.get(f) or files.setdefault(f, pq.ParquetFile(f))
+    table = pf.read_row_group(rg, columns=["id", "label", spec.name])
+    col = table.column(spec.name).combine_chunks()
+    n = len(col)
+    if pa.types.is_binary(col.type):
+        offsets = np.frombuffer(col.buffers()[1], np.int32, n + 1, col.offset * 4)
+        data = np.frombuffer(col.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
+        x = data.view(np.dtype(spec.dtype).newbyteorder("<")).reshape((n, *spec.shape))
+    else:
+        x = col.flatten().to_numpy(zero_copy_only=False).astype(spec.dtype, copy=False).reshape((n, *spec.shape))
+    return table.column("id").to_pylist(), _labels(table.column("label").to_numpy(zero_copy_only=False)), x
+
+
+def _arrow_rows(store: Store, opts: ReaderOptions, order: list[int]) -> Iterator[tuple]:
+    pieces = [store.pieces[i] for i in order]
+    read = lambda p: _read_row_group(p, store.spec)  # noqa: E731
+    for result in ordered_map(read, pieces, max(1, opts.workers), window_per_worker=2):
+        if isinstance(result, Exception):
+            raise TrainfeedError(f"{store.path}: cannot read: {result}") from result
+        yield result
+
+
 def _rows(store: Store, opts: ReaderOptions, epoch: int) -> Iterator[tuple]:
-    if store.fmt in ("parquet", "delta"):
+    if store.fmt in ("parquet", "delta") and opts.pool != "arrow":
         yield from _petastorm_rows(store, opts, epoch)
         return
     order = store.shard_pieces(opts.shard, opts.num_shards)
     if opts.shuffle:
         np.random.default_rng((opts.seed, epoch)).shuffle(order)
-    yield from (_hdf5_rows if store.fmt == "hdf5" else _blob_rows)(store, opts, order)
+    reader = {"parquet": _arrow_rows, "delta": _arrow_rows, "hdf5": _hdf5_rows, "blob": _blob_rows}[store.fmt]
+    yield from reader(store, opts, order)
 
 
 def iter_batches(store: Store, opts: ReaderOptions, epoch: int = 0) -> Iterator[Batch]:

@@ -25,15 +25,18 @@ def options(learnable, fmt, **kw) -> ReaderOptions:
     return ReaderOptions(batch_size=32, labels_csv=labels, drop_last=False, **kw)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+READERS = [(fmt, "sharded") for fmt in FORMATS] + [("parquet", "arrow"), ("delta", "arrow"), ("parquet", "process")]
+
+
+@pytest.mark.parametrize("fmt,pool", READERS)
 @pytest.mark.parametrize("shards,workers", [(1, 1), (1, 3), (2, 2), (3, 2)])
-def test_exactly_once_with_own_label_and_values(learnable, fmt, shards, workers):
+def test_exactly_once_with_own_label_and_values(learnable, fmt, pool, shards, workers):
     truth = truth_of(learnable)
     store = open_store(str(learnable["stores"][fmt]), None, options(learnable, fmt))
     assert store.fmt == fmt and store.samples == len(truth)
     seen: list[str] = []
     for shard in range(shards):
-        opts = options(learnable, fmt, workers=workers, shard=shard, num_shards=shards, seed=5)
+        opts = options(learnable, fmt, workers=workers, shard=shard, num_shards=shards, seed=5, pool=pool)
         shard_ids = []
         for batch in iter_batches(store, opts, epoch=1):
             assert batch.x.shape[1:] == (12, 12, 4, 2) and batch.x.dtype == np.float32
