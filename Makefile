@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 DEMO   ?= demo-out
 
-.PHONY: install test test-fast demo bench-convert clean
+.PHONY: install test test-fast demo bench-convert bench-loader clean
 
 install: $(STAMP)
 
@@ -33,6 +33,9 @@ demo: install
 
 bench-convert: install
 	$(PY) -m benchmarks.convert_bench --out bench-out/convert.jsonl
+
+bench-loader: install
+	$(PY) -m benchmarks.loader_bench --out bench-out/loader.jsonl
 
 clean:
 	rm -rf $(VENV) $(DEMO) bench-out .pytest_cache
