@@ -13,24 +13,50 @@ from converters.errors import TrainfeedError, UsageError
 @dataclass(frozen=True)
 class Accelerator:
     name: str
-    peak_tflops: float  # dense, the precision a framework uses by default for training
-    precision: str
-    efficiency: float  # fraction of peak a 3D ResNet step reaches (assumption, stated)
+    fp32_tflops: float  # what default (non-AMP) training uses: FP32, or TF32 where cuDNN uses it
+    amp_tflops: float  # dense fp16/bf16 tensor-core peak, used with --amp
+    efficiency: float  # fraction of peak a 3D ResNet step reaches (an assumption, stated)
     source: str
     kind: str = "estimate"  # "estimate" (from FLOPs) or "calibrated" (measured step time)
-    step_seconds: dict | None = None  # calibrated: {"<shape>|<batch>|<width>": seconds}
+    step_seconds: dict | None = None  # calibrated: {"<shape>|<batch>|<width>|<amp>": seconds}
 
 
-# Peak figures are the vendors' datasheet numbers; the 35% efficiency is an assumption for a
-# small-input 3D conv net (MLPerf-style convnets reach 30-50% of peak), to be replaced by
+# Peaks are the vendors' datasheet figures (dense). PyTorch runs FP32 convolutions as TF32 on
+# Ampere and Hopper by default (torch.backends.cudnn.allow_tf32), so their "fp32" figure is
+# TF32. The 35% efficiency is an assumption for a small-input 3D conv net, to be replaced by
 # `storage-bench calibrate` on the real device.
 ACCELERATORS = {
-    "t4": Accelerator("t4", 65.0, "fp16 tensor", 0.35, "NVIDIA T4 datasheet: 65 TFLOPS fp16 (mixed precision)"),
-    "v100": Accelerator("v100", 125.0, "fp16 tensor", 0.35, "NVIDIA V100 SXM2 datasheet: 125 TFLOPS tensor"),
-    "a10g": Accelerator("a10g", 125.0, "fp16 tensor", 0.35, "NVIDIA A10 datasheet: 125 TFLOPS fp16 tensor (A10G ~ A10)"),
-    "a100": Accelerator("a100", 312.0, "bf16 tensor", 0.35, "NVIDIA A100 datasheet: 312 TFLOPS bf16 tensor"),
-    "h100": Accelerator("h100", 989.0, "bf16 tensor", 0.35, "NVIDIA H100 SXM datasheet: 989 TFLOPS bf16 tensor (dense)"),
+    "t4": Accelerator("t4", 8.1, 65.0, 0.35, "NVIDIA T4 datasheet: 8.1 TFLOPS fp32, 65 fp16 tensor"),
+    "v100": Accelerator("v100", 15.7, 125.0, 0.35, "NVIDIA V100 SXM2 datasheet: 15.7 TFLOPS fp32, 125 tensor"),
+    "a10g": Accelerator("a10g", 31.2, 125.0, 0.35, "NVIDIA A10 datasheet (A10G is AWS's A10): 31.2 fp32, 125 fp16 tensor"),
+    "a100": Accelerator("a100", 156.0, 312.0, 0.35, "NVIDIA A100 datasheet: 156 TFLOPS TF32, 312 bf16 tensor"),
+    "h100": Accelerator("h100", 494.0, 989.0, 0.35, "NVIDIA H100 SXM datasheet: 494 TFLOPS TF32, 989 bf16 tensor"),
 }
+
+
+def model_flops(input_shape: tuple[int, ...], width: int = 64, outputs: int = 1) -> float:
+    """Training FLOPs per sample of the ResNet-18 (forward MACs x 2, backward ~2x forward)."""
+    import torch
+
+    from training.models_torch import build
+
+    model = build(input_shape, outputs, width)
+    macs = [0]
+
+    def hook(mod, inputs, out):
+        if isinstance(mod, (torch.nn.Conv3d, torch.nn.Conv2d)):
+            k = int(torch.tensor(mod.kernel_size).prod())
+            macs[0] += out.numel() * (mod.in_channels // mod.groups) * k
+        elif isinstance(mod, torch.nn.Linear):
+            macs[0] += out.numel() * mod.in_features
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()
+               if isinstance(m, (torch.nn.Conv3d, torch.nn.Conv2d, torch.nn.Linear))]
+    with torch.no_grad():
+        model(torch.zeros(1, *input_shape))
+    for h in handles:
+        h.remove()
+    return 2.0 * macs[0] * 3
 
 
 def load_accelerator(name_or_path: str) -> Accelerator:
@@ -43,8 +69,7 @@ def load_accelerator(name_or_path: str) -> Accelerator:
         raise UsageError(f"unknown node {name_or_path!r}: use cpu, cuda, one of {', '.join(ACCELERATORS)}, "
                          "or a profile file written by `storage-bench calibrate`")
     try:
-        data = json.loads(path.read_text())
-        return Accelerator(**data)
+        return Accelerator(**json.loads(path.read_text()))
     except (json.JSONDecodeError, TypeError) as exc:
         raise TrainfeedError(f"{path}: malformed accelerator profile: {exc}") from exc
 
@@ -53,12 +78,17 @@ def save_accelerator(acc: Accelerator, path: Path) -> None:
     path.write_text(json.dumps(asdict(acc), indent=1))
 
 
-def step_seconds(acc: Accelerator, flops_per_step: float, key: str | None = None) -> float:
-    """Compute time of one training step on ``acc``: calibrated if measured for this shape,
-    else FLOPs / (peak x efficiency)."""
+def calibration_key(shape, batch: int, width: int, amp: bool) -> str:
+    return f"{'x'.join(map(str, shape))}|{batch}|{width}|{'amp' if amp else 'fp32'}"
+
+
+def step_seconds(acc: Accelerator, flops_per_step: float, key: str, amp: bool = False) -> tuple[float, str]:
+    """Compute time of one training step on ``acc`` and how it was obtained: measured by
+    `calibrate` for this shape, else FLOPs / (peak x efficiency), an estimate."""
     if acc.step_seconds and key in acc.step_seconds:
-        return float(acc.step_seconds[key])
-    return flops_per_step / (acc.peak_tflops * 1e12 * acc.efficiency)
+        return float(acc.step_seconds[key]), "calibrated"
+    peak = acc.amp_tflops if amp else acc.fp32_tflops
+    return flops_per_step / (peak * 1e12 * acc.efficiency), "estimate"
 
 
 @dataclass(frozen=True)
