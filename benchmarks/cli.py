@@ -2,13 +2,23 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+from contextlib import contextmanager
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
+from typing import List, Optional
 
 import typer
 
+from converters.errors import TrainfeedError, UsageError
 from converters.progress import progress_bar
+
+from . import report as report_mod
+from .azurite import AzuriteError
+from .cost import CATALOG
+from .profiles import load_object_store
 
 from .synth import IMAGE_SIZE, VOLUME_SHAPE, generate_images, generate_volumes
 
@@ -18,7 +28,16 @@ app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions
 
 @app.callback()
 def _root() -> None:
-    """Subcommands: generate (more arrive with the A/B matrix)."""
+    """Subcommands: generate, run, report, calibrate."""
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
 
 
 class Kind(str, Enum):
@@ -72,6 +91,130 @@ def generate(
                 raise typer.Exit(2)
             info = generate_images(out, count, size=size, classes=classes, seed=seed, progress=bar.update)
     typer.echo(json.dumps(info) if as_json else f"{info['count']} {info['kind']} written to {info['path']}")
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _fail(exc: TrainfeedError) -> None:
+    typer.echo(f"error: {exc}", err=True)
+    raise typer.Exit(exc.exit_code)
+
+
+@app.command(help="Run the storage A/B matrix on one dataset: --stores x --nodes x --frameworks. Each cell is "
+                  "measured three ways (compute-only, ingest-only, real run), diagnosed, and projected to time and "
+                  "cost per instance of the catalog; writes results.jsonl, results.csv, report.md and report.html "
+                  "to --out. Cells are appended as they finish: a failed cell does not lose the others.")
+def run(
+    src: str = typer.Argument(..., help="Folder (or fsspec URL) of the small files: the blob layout."),
+    out: Path = typer.Option(Path("bench-out/ab"), "--out", help="Results folder (converted stores are cached in OUT/stores)."),
+    labels: Optional[str] = typer.Option(None, "--labels", help="Labels CSV (id,label); default SRC/labels.csv if present."),
+    stores: str = typer.Option("blob,parquet,delta,hdf5", "--stores", help="Comma-separated: blob, parquet, delta, hdf5."),
+    nodes: str = typer.Option("cpu,t4,h100", "--nodes", help="cpu, cuda (a real GPU), emulated t4, v100, a10g, a100, "
+                              "h100, or a profile file from `calibrate`."),
+    frameworks: str = typer.Option("torch", "--frameworks", help="torch, tf (tf on real nodes only matters for compute)."),
+    steps: int = typer.Option(30, "--steps", help="Measured steps per cell on emulated nodes (plus one warm-up)."),
+    cpu_steps: int = typer.Option(4, "--cpu-steps", help="Steps per cell on a real CPU node (the full model is slow there)."),
+    batch_size: int = typer.Option(32, "--batch-size"),
+    width: int = typer.Option(64, "--width", help="Model width: 64 is ResNet-18 (33.2M parameters in 3D)."),
+    workers: int = typer.Option(4, "--workers", help="Reader workers (blob: concurrent GETs)."),
+    repeats: int = typer.Option(1, "--repeats"),
+    blob_profile: str = typer.Option("azure-blob", "--blob-profile", help="Latency emulation wrapped around the blob "
+                                     "store: azure-blob, s3, lan, or none."),
+    blob_backend: str = typer.Option("local", "--blob-backend", help="local: the files as they are; azurite: upload "
+                                     "them to a local Azurite (real Azure Blob API) and read from there."),
+    storage_option: List[str] = typer.Option([], "--storage-option", help="KEY=VALUE for a remote SRC."),
+    target_samples: int = typer.Option(650_000, "--target-samples", help="Your full dataset's size, for projections."),
+    target_epochs: int = typer.Option(5, "--target-epochs"),
+    catalog: Path = typer.Option(CATALOG, "--catalog", help="Instance catalog CSV (prices with date and source)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    from converters.cli import parse_storage_options
+
+    from .matrix import MatrixConfig, run_matrix
+
+    try:
+        labels = labels or (str(Path(src) / "labels.csv") if "://" not in src and (Path(src) / "labels.csv").exists() else None)
+        cfg = MatrixConfig(src=src, out=str(out), labels_csv=labels, stores=_csv(stores), nodes=_csv(nodes),
+                           frameworks=_csv(frameworks), steps=steps, cpu_steps=cpu_steps, batch_size=batch_size,
+                           width=width, workers=workers, repeats=repeats,
+                           blob_profile=None if blob_profile == "none" else blob_profile,
+                           storage_options=parse_storage_options(storage_option))
+        if blob_profile != "none":
+            load_object_store(blob_profile)
+        if blob_backend not in ("local", "azurite"):
+            raise UsageError("--blob-backend must be local or azurite")
+        log = lambda m: typer.echo(m, err=True)  # noqa: E731
+        if blob_backend == "azurite":
+            with azurite_copy(cfg, log) as cfg_az:
+                run_matrix(cfg_az, log)
+        else:
+            run_matrix(cfg, log)
+        info = report_mod.build(str(out), target_samples=target_samples, target_epochs=target_epochs, catalog=catalog)
+    except (TrainfeedError, AzuriteError) as exc:
+        _fail(exc if isinstance(exc, TrainfeedError) else TrainfeedError(str(exc)))
+    typer.echo(json.dumps(info, default=str) if as_json else f"report: {info['report_html']} (and {info['report_md']})")
+
+
+@contextmanager
+def azurite_copy(cfg, log):
+    """Start Azurite, upload the source folder, and point the blob store at it."""
+    import fsspec
+
+    from .azurite import start
+
+    server = start()
+    try:
+        fs = fsspec.filesystem("abfs", **server.storage_options)
+        fs.mkdir("trainfeed")
+        log(f"uploading {cfg.src} to Azurite on port {server.port}")
+        fs.put(str(cfg.src), "trainfeed/src", recursive=True)
+        yield replace(cfg, src="abfs://trainfeed/src", storage_options=server.storage_options)
+    finally:
+        server.stop()
+
+
+@app.command(help="Rebuild results.csv, report.md and report.html from OUT/results.jsonl.")
+def report(
+    out: Path = typer.Argument(..., help="A folder written by `storage-bench run`."),
+    target_samples: int = typer.Option(650_000, "--target-samples"),
+    target_epochs: int = typer.Option(5, "--target-epochs"),
+    catalog: Path = typer.Option(CATALOG, "--catalog"),
+) -> None:
+    try:
+        info = report_mod.build(str(out), target_samples=target_samples, target_epochs=target_epochs, catalog=catalog)
+    except TrainfeedError as exc:
+        _fail(exc)
+    typer.echo(f"report: {info['report_html']} (and {info['report_md']})")
+
+
+@app.command(help="Measure compute-only step time of the model on this machine's device (CPU, or CUDA when "
+                  "present) and save it as an accelerator profile that `run --nodes PROFILE` uses instead of the "
+                  "FLOPs estimate.")
+def calibrate(
+    out: Path = typer.Option(..., "--out", help="Profile file to write (JSON)."),
+    name: str = typer.Option("local", "--name"),
+    shape: str = typer.Option("30x30x10x10", "--shape", help="Sample shape XxYxZxC (or HxWxC)."),
+    batch_size: int = typer.Option(32, "--batch-size"),
+    width: int = typer.Option(64, "--width"),
+    steps: int = typer.Option(5, "--steps"),
+    device: str = typer.Option("auto", "--device", help="auto (cuda when present), cpu or cuda."),
+    amp: bool = typer.Option(False, "--amp"),
+) -> None:
+    from .matrix import compute_only_torch
+    from .profiles import Accelerator, calibration_key, save_accelerator
+
+    dims = _shape(shape)
+    device = ("cuda" if _cuda() else "cpu") if device == "auto" else device
+    seconds = compute_only_torch(dims, batch_size, width, max(2, steps), device, amp)
+    import torch
+
+    label = torch.cuda.get_device_name(0) if device == "cuda" else f"CPU ({os.cpu_count()} cores)"
+    acc = Accelerator(name, 0.0, 0.0, 1.0, f"calibrated on {label}", kind="calibrated",
+                      step_seconds={calibration_key(dims, batch_size, width, amp): seconds})
+    save_accelerator(acc, out)
+    typer.echo(f"{label}: {seconds * 1e3:.1f} ms per step of batch {batch_size} -> {out}")
 
 
 def main() -> None:

@@ -40,7 +40,7 @@ def model_flops(input_shape: tuple[int, ...], width: int = 64, outputs: int = 1)
 
     from training.models_torch import build
 
-    model = build(input_shape, outputs, width)
+    model = build(input_shape, outputs, width).eval()  # eval: batch-norm accepts a batch of one
     macs = [0]
 
     def hook(mod, inputs, out):
