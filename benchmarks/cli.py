@@ -82,8 +82,10 @@ def generate(
     with progress_bar(label=f"generate {kind.value}") as bar:
         bar.start(count)
         if kind == Kind.volumes:
-            info = generate_volumes(out, count, shape=_shape(shape) if shape else VOLUME_SHAPE, seed=seed,
-                                    labels=labels, progress=bar.update)
+            dims = _shape(shape) if shape else VOLUME_SHAPE
+            per_sample = 4 * int(__import__("numpy").prod(dims))
+            info = generate_volumes(out, count, shape=dims, seed=seed, labels=labels,
+                                    progress=lambda n: bar.update(n, n * per_sample))
         else:
             size = _shape(shape) if shape else IMAGE_SIZE
             if len(size) != 2:

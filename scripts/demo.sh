@@ -1,23 +1,22 @@
 #!/usr/bin/env bash
-# make demo: generate a small reference-shaped dataset (numpy volumes and JPEG folders),
-# convert each into Parquet, Delta and HDF5 with --verify, and show what changed.
+# make demo: the storage A/B on this machine. Generates a reference-shaped dataset (one .npy
+# per volume, like the whitepaper's), converts it, trains from blob (with emulated Azure Blob
+# latency) and from the compacted stores on this CPU and on emulated T4 and H100 nodes, and
+# writes the report. About 5 minutes on 2 cores.
 set -euo pipefail
 OUT=${1:-demo-out}
 BIN=.venv/bin
-rm -rf "$OUT"
+COUNT=${DEMO_COUNT:-1500}
 mkdir -p "$OUT"
-echo "== generating 600 volumes of 30x30x10x10 float32 (216 MB, one .npy each) and 300 JPEGs of 360x480"
-$BIN/storage-bench generate volumes "$OUT/volumes" --count 600 --seed 1
-$BIN/storage-bench generate images "$OUT/images" --count 300 --seed 1
-for fmt in parquet delta hdf5; do
-  echo
-  echo "== convert volumes -> $fmt"
-  $BIN/convert "$OUT/volumes" "$OUT/volumes.$fmt" --to "$fmt" --labels "$OUT/volumes/labels.csv" \
-    --target-file-size 64MB --verify
-done
+if [ ! -f "$OUT/volumes/labels.csv" ]; then
+  rm -rf "$OUT/volumes"
+  echo "== generating $COUNT volumes of 30x30x10x10 float32 (360 KB each, one .npy file per sample)"
+  $BIN/storage-bench generate volumes "$OUT/volumes" --count "$COUNT" --seed 1
+fi
+rm -rf "$OUT/ab"
+echo "== storage A/B: blob (emulated Azure Blob latency) vs parquet / delta / hdf5, on cpu + emulated t4, h100"
+$BIN/storage-bench run "$OUT/volumes" --out "$OUT/ab" --nodes cpu,t4,h100 --stores blob,parquet,delta,hdf5 \
+  --steps 30 --cpu-steps 3 --batch-size 32 --workers 4 --blob-profile azure-blob
 echo
-echo "== convert JPEG folders -> parquet (encoded) and hdf5 (resized to 64x64, decoded)"
-$BIN/convert "$OUT/images" "$OUT/images.parquet" --to parquet --verify
-$BIN/convert "$OUT/images" "$OUT/images-64.h5" --to hdf5 --resize 64x64 --image-storage decoded --verify
-echo
-echo "Stores are in $OUT/. Layouts: docs/LAYOUT.md."
+sed -n '/## Training time/,/## Why/p' "$OUT/ab/report.md" | sed '$d'
+echo "Open $OUT/ab/report.html (or read $OUT/ab/report.md)."

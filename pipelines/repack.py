@@ -1,0 +1,248 @@
+"""Spark job: repack small files into a trainfeed store, for datasets that outgrow one machine.
+
+Spark lists and reads the files (binaryFile source), executors decode and validate them
+with the same code and rules as `convert` (rejects report, --on-error), and the output is
+written as Parquet with a target file size (partitions by bytes, not by a fixed count).
+Delta: on Databricks, delta-spark writes the table and runs OPTIMIZE (ZORDER BY id); here,
+where Spark's Delta jars cannot be fetched, Spark writes the Parquet files and delta-rs
+commits them in one transaction. The result is sample-for-sample what `convert` writes.
+
+    python -m pipelines.repack --src DIR --dst STORE --to delta [--labels CSV] [--on-error skip]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import posixpath
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+
+from converters import __version__
+from converters.commit import Staging
+from converters.convert import REJECTS_SUFFIX, _redact, _write_rejects
+from converters.errors import SampleError, TrainfeedError, UsageError
+from converters.labels import resolve_labels
+from converters.layout import DATASET_META, ID, LABEL, MANIFEST, DatasetSchema, arrow_schema, to_record_batch
+from converters.options import WriteOptions, parse_size
+from converters.samples import SchemaGuard, load_sample
+from converters.sources import ImageOptions, Sample, decode_sample, list_source
+
+from .spark import get_spark, on_databricks
+
+PATH, ERROR = "_path", "_error"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="pipelines.repack", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--src", required=True, help="folder of .npy/.npz/JPEG/PNG files (local, dbfs:/, abfss://, ...)")
+    ap.add_argument("--dst", required=True, help="output store (a local path or, on Databricks, a volume path)")
+    ap.add_argument("--to", choices=("parquet", "delta"), required=True)
+    ap.add_argument("--labels", default=None, help="labels CSV (id,label)")
+    ap.add_argument("--on-error", choices=("fail", "skip"), default="fail")
+    ap.add_argument("--target-file-size", default="128MB")
+    ap.add_argument("--row-group-size", default="32MB")
+    ap.add_argument("--compression", default="none", choices=("none", "snappy", "zstd", "lz4", "gzip"))
+    ap.add_argument("--tensor-column", default="binary", choices=("binary", "list"))
+    ap.add_argument("--overwrite", action="store_true")
+    ap.add_argument("--optimize", action="store_true", help="delta: OPTIMIZE (ZORDER BY id on Databricks)")
+    ap.add_argument("--cores", default="*", help="local Spark only: local[N]")
+    ap.add_argument("--json", action="store_true", help="print the summary as JSON")
+    args = ap.parse_args(argv)
+    args.target_file_size = parse_size(args.target_file_size, "--target-file-size")
+    args.row_group_size = parse_size(args.row_group_size, "--row-group-size")
+    return args
+
+
+def _decoder(kind: str, root: str, specs, first_id: str, labels_by_id, labeled: bool, arrow_bytes: bytes):
+    """The function executors run on each Arrow batch of (path, content): decoded samples in
+    the store's Arrow layout, plus _path and _error columns (rejects carry only the error)."""
+
+    def decode(batches):
+        arrow = pa.ipc.read_schema(pa.py_buffer(arrow_bytes))
+        schema = DatasetSchema.from_json(arrow.metadata[DATASET_META.encode()])
+        guard = SchemaGuard(kind, ImageOptions())
+        guard.specs, guard.first_id = specs, first_id
+        out_schema = arrow.append(pa.field(PATH, pa.string())).append(pa.field(ERROR, pa.string()))
+        for batch in batches:
+            ok, ok_paths, bad = [], [], []
+            for path, content in zip(batch.column("path").to_pylist(), batch.column("content").to_pylist()):
+                local = path.removeprefix("file:")
+                rel = posixpath.relpath(local, root)
+                sid = posixpath.splitext(rel)[0]
+                try:
+                    if labeled and sid not in labels_by_id:
+                        raise SampleError(local, f"no label for id {sid!r} in the labels file")
+                    if not content:
+                        raise SampleError(local, "empty file (0 bytes)")
+                    sample = Sample(sid, labels_by_id.get(sid) if labeled else None,
+                                    decode_sample(kind, local, bytes(content), ImageOptions()), len(content))
+                    guard.check(local, sample)
+                except SampleError as err:
+                    bad.append((local, sid, err.reason))
+                    continue
+                ok.append(sample)
+                ok_paths.append(local)
+            if ok:
+                rb = to_record_batch(ok, schema, arrow)
+                yield pa.RecordBatch.from_arrays(rb.columns + [pa.array(ok_paths, pa.string()), pa.nulls(len(ok), pa.string())],
+                                                 schema=out_schema)
+            if bad:
+                cols = [pa.array([b[1] for b in bad], pa.string()), pa.nulls(len(bad), pa.int64())]
+                cols += [pa.nulls(len(bad), f.type) for f in arrow][2:]
+                cols += [pa.array([b[0] for b in bad], pa.string()), pa.array([b[2] for b in bad], pa.string())]
+                yield pa.RecordBatch.from_arrays(cols, schema=out_schema)
+
+    return decode
+
+
+def _spark_type(field: pa.Field) -> str:
+    if pa.types.is_binary(field.type):
+        return "binary"
+    if pa.types.is_list(field.type):
+        inner = {"float": "float", "double": "double", "int8": "tinyint", "int16": "smallint", "int32": "int",
+                 "int64": "bigint", "uint8": "smallint", "bool": "boolean"}.get(str(field.type.value_type))
+        if inner is None:
+            raise UsageError(f"--tensor-column list: {field.type.value_type} has no exact Spark type; use binary")
+        return f"array<{inner}>"
+    return {"string": "string", "int64": "bigint"}[str(field.type)]
+
+
+def repack(args: argparse.Namespace, spark=None) -> dict:
+    spark = spark or get_spark("trainfeed-repack", cores=args.cores)
+    dst = Path(args.dst).absolute()
+    if dst.exists() and not args.overwrite:
+        raise TrainfeedError(f"{dst}: destination already exists; pass --overwrite to replace it")
+    fs, listing = list_source(args.src)
+    labels = resolve_labels(listing.files, labels_csv=args.labels)
+    if labels.missing and args.on_error == "fail":
+        raise TrainfeedError(f"{listing.files[0].path}: {len(labels.missing)} files have no label in {args.labels}, "
+                             f"e.g. {labels.missing[0]!r}")
+    # the first valid sample fixes the schema, as in convert
+    guard = SchemaGuard(listing.kind, ImageOptions())
+    for src in listing.files:
+        try:
+            guard.check(src.path, load_sample(fs, listing.kind, src, labels, ImageOptions()))
+            break
+        except SampleError:
+            continue
+    if guard.specs is None:
+        raise TrainfeedError(f"{args.src}: no valid samples")
+    schema = DatasetSchema(fields=list(guard.specs), labeled=labels.by_id is not None, label_map=labels.label_map,
+                           source=_redact(args.src))
+    arrow = arrow_schema(schema, args.tensor_column)
+    root = str(Path(args.src).absolute()) if "://" not in args.src else args.src.split("://", 1)[1]
+    decode = _decoder(listing.kind, root, guard.specs, guard.first_id, labels.by_id or {}, schema.labeled,
+                      arrow.serialize().to_pybytes())
+    out_fields = list(arrow) + [pa.field(PATH, pa.string()), pa.field(ERROR, pa.string())]
+    ddl = ", ".join(f"`{f.name}` {_spark_type(f)}" for f in out_fields)
+    exts = {"npy": "*.npy", "npz": "*.npz"}.get(listing.kind, "*.{jpg,jpeg,png,JPG,JPEG,PNG}")
+    raw = (spark.read.format("binaryFile").option("recursiveFileLookup", "true").option("pathGlobFilter", exts)
+           .load(args.src).select("path", "content"))
+    decoded = raw.mapInArrow(decode, ddl).persist()
+    rejects = [{"file": r[PATH], "id": r[ID], "reason": r[ERROR]}
+               for r in decoded.filter(f"{ERROR} IS NOT NULL").select(PATH, ID, ERROR).collect()]
+    rejects += [{"file": f.path, "id": f.id, "reason": "no label in the labels file"}
+                for f in listing.files if f.id in set(labels.missing)]
+    if rejects and args.on_error == "fail":
+        decoded.unpersist()
+        first = rejects[0]
+        raise TrainfeedError(f"{first['file']}: {first['reason']} ({len(rejects)} rejected; nothing written; "
+                             "--on-error skip converts the rest)")
+    good = decoded.filter(f"{ERROR} IS NULL").drop(PATH, ERROR)
+    payload = sum(f.size for f in listing.files)
+    partitions = max(1, math.ceil(payload / args.target_file_size))
+    good = good.repartition(partitions).sortWithinPartitions(ID)
+    with Staging(dst) as staging:
+        if on_databricks() and args.to == "delta":  # pragma: no cover - needs a Databricks runtime
+            _write_delta_spark(spark, good, staging.path, args)
+        else:
+            (good.write.option("parquet.block.size", args.row_group_size)
+             .option("compression", "uncompressed" if args.compression == "none" else args.compression)
+             .parquet(str(staging.path)))
+            parts = _tidy_parts(staging.path)
+            schema.samples = sum(p[1] for p in parts)
+            if args.to == "parquet":
+                manifest = {"format": "parquet", "writer": f"trainfeed {__version__} (spark)", "schema": schema.to_dict(),
+                            "parts": [{"file": name, "rows": rows} for name, rows in parts]}
+                (staging.path / MANIFEST).write_text(json.dumps(manifest, indent=1))
+            else:
+                _commit_delta(staging.path, parts, schema, arrow)
+        staging.commit()
+    decoded.unpersist()
+    if args.to == "delta" and args.optimize and not on_databricks():
+        from converters import delta
+
+        delta.optimize(dst, target_size=args.target_file_size,
+                       opts=WriteOptions(row_group_size=args.row_group_size, compression=args.compression))
+    report = _write_rejects(dst, rejects)
+    return {"format": args.to, "output": str(dst), "samples": schema.samples, "rejected": len(rejects),
+            "rejects_report": report, "files_in": len(listing.files), "partitions": partitions,
+            "engine": "spark", "spark_master": spark.sparkContext.master}
+
+
+def _tidy_parts(folder: Path) -> list[tuple[str, int]]:
+    """Spark's part files in name order with their row counts; its marker files removed."""
+    import pyarrow.parquet as pq
+
+    for junk in list(folder.glob("_SUCCESS")) + list(folder.glob(".*.crc")):
+        junk.unlink()
+    parts = []
+    for f in sorted(folder.glob("part-*.parquet")):
+        rows = pq.ParquetFile(f).metadata.num_rows
+        if rows == 0:
+            f.unlink()
+            continue
+        parts.append((f.name, rows))
+    return parts
+
+
+def _commit_delta(folder: Path, parts: list[tuple[str, int]], schema: DatasetSchema, arrow: pa.Schema) -> None:
+    """Commit Spark's Parquet files as version 0 of a Delta table, with delta-rs."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    from deltalake import CommitProperties, Schema
+    from deltalake.transaction import AddAction, create_table_with_add_actions
+
+    actions = []
+    for name, rows in parts:
+        path = folder / name
+        t = pq.read_table(path, columns=[ID, LABEL])
+        ids = t.column(ID)
+        stats = {"numRecords": rows, "minValues": {ID: pc.min(ids).as_py()}, "maxValues": {ID: pc.max(ids).as_py()},
+                 "nullCount": {ID: 0, LABEL: t.column(LABEL).null_count}}
+        if schema.labeled:
+            stats["minValues"][LABEL] = pc.min(t.column(LABEL)).as_py()
+            stats["maxValues"][LABEL] = pc.max(t.column(LABEL)).as_py()
+        st = path.stat()
+        actions.append(AddAction(name, st.st_size, {}, int(st.st_mtime * 1000), True, json.dumps(stats)))
+    create_table_with_add_actions(str(folder), Schema.from_arrow(arrow), actions, mode="error",
+                                  commit_properties=CommitProperties(custom_metadata={DATASET_META: schema.to_json()}))
+
+
+def _write_delta_spark(spark, df, path: Path, args) -> None:  # pragma: no cover - Databricks only
+    """On Databricks: delta-spark writes the table; OPTIMIZE compacts and ZORDERs by id."""
+    df.write.format("delta").option("delta.targetFileSize", str(args.target_file_size)).save(str(path))
+    if args.optimize:
+        spark.sql(f"OPTIMIZE delta.`{path}` ZORDER BY ({ID})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+        summary = repack(args)
+    except TrainfeedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    print(json.dumps(summary) if args.json else
+          f"{summary['format']} store written by Spark: {summary['output']} ({summary['samples']} samples, "
+          f"{summary['rejected']} rejected)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
