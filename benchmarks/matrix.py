@@ -56,6 +56,12 @@ def check_matrix(cfg: MatrixConfig) -> None:
     for n in cfg.nodes:
         if n not in REAL_NODES:
             load_accelerator(n)  # raises a clear UsageError / TrainfeedError
+        elif n == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise TrainfeedError("node cuda: no CUDA device is available here; use an emulated node "
+                                     f"({', '.join(ACCELERATORS)}) or run on a GPU machine")
     for f in cfg.frameworks:
         if f not in ("torch", "tf"):
             raise UsageError(f"unknown framework {f!r}: choose torch or tf")

@@ -148,6 +148,7 @@ def repack(args: argparse.Namespace, spark=None) -> dict:
                for r in decoded.filter(f"{ERROR} IS NOT NULL").select(PATH, ID, ERROR).collect()]
     rejects += [{"file": f.path, "id": f.id, "reason": "no label in the labels file"}
                 for f in listing.files if f.id in set(labels.missing)]
+    rejects.sort(key=lambda r: r["file"])  # Spark's order is not the listing's
     if rejects and args.on_error == "fail":
         decoded.unpersist()
         first = rejects[0]
