@@ -5,7 +5,9 @@ nccl on GPU). Locally it runs on the driver (``local_mode``); on a cluster, on t
 Uses the active Spark session (pipelines/spark.py provides one)."""
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, replace
+from pathlib import Path
 
 from .config import TrainConfig
 
@@ -25,4 +27,6 @@ def train_distributed(cfg: TrainConfig, num_processes: int, *, local_mode: bool 
     cfg = replace(cfg, progress=False, framework="torch")
     distributor = TorchDistributor(num_processes=num_processes, local_mode=local_mode,
                                    use_gpu=cfg.device == "cuda")
-    return distributor.run(_worker, asdict(cfg))
+    distributor.run(_worker, asdict(cfg))
+    # TorchDistributor returns one process's output, not reliably rank 0's: read rank 0's file
+    return json.loads((Path(cfg.out) / "summary.json").read_text())

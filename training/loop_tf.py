@@ -15,7 +15,7 @@ from converters.progress import progress_bar  # noqa: E402
 from .config import TrainConfig, distributed_env  # noqa: E402
 from .metrics import StepTimer, UtilizationSampler  # noqa: E402
 from .readers import Batch, ReaderOptions, Store, iter_batches, open_store  # noqa: E402
-from .run import Preemption, RunFiles, check_labels, plan, reader_options, summarize  # noqa: E402
+from .run import Preemption, RunFiles, after_step, check_labels, plan, reader_options, summarize  # noqa: E402
 
 
 def tf_dataset(store: Store, opts: ReaderOptions, epoch: int = 0, num_classes: int | None = None,
@@ -135,10 +135,7 @@ def train(cfg: TrainConfig) -> dict:
                 seen += int(y.shape[0])
                 timer.add(_record(global_step, epoch, t1 - t0, compute, int(y.shape[0]), x, loss))
                 bar.update(global_step - first_step, 0)
-                if cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0:
-                    checkpoint(epoch, step_in_epoch + 1)
-                if preemption.requested:
-                    checkpoint(epoch, step_in_epoch + 1)
+                if after_step(cfg, global_step, preemption, lambda: checkpoint(epoch, step_in_epoch + 1)):
                     preempted = True
                     break
             skip = 0

@@ -18,7 +18,7 @@ from .config import TrainConfig, distributed_env
 from .metrics import StepTimer, UtilizationSampler
 from .models_torch import build, parameter_count
 from .readers import iter_batches, open_store
-from .run import Prefetcher, Preemption, RunFiles, check_labels, plan, reader_options, record, summarize
+from .run import Prefetcher, Preemption, RunFiles, after_step, check_labels, plan, reader_options, record, summarize
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -111,7 +111,7 @@ def train(cfg: TrainConfig) -> dict:
     files = RunFiles(cfg.out, rank)
     timer = StepTimer(warmup_steps=cfg.warmup_steps, sink=files.steps)
     preempted = False
-    correct = seen = 0
+    correct = seen = delivered = 0
     total_steps = cfg.epochs * p.steps_per_epoch
     t_start = time.perf_counter()
     with UtilizationSampler(sink=files.util) as util, Preemption() as preemption, \
@@ -145,13 +145,9 @@ def train(cfg: TrainConfig) -> dict:
                     with torch.no_grad():
                         correct += int((_predict(logits.detach()) == y).sum())
                         seen += len(batch.ids)
-                    rec = record(timer, global_step, epoch, wait, compute, batch, float(loss.detach()))
-                    bar.update(global_step, int(sum(r.bytes for r in timer.records)))
-                    del rec
-                    if cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0:
-                        checkpoint(epoch, step_in_epoch + 1)
-                    if preemption.requested:
-                        checkpoint(epoch, step_in_epoch + 1)
+                    delivered += record(timer, global_step, epoch, wait, compute, batch, float(loss.detach())).bytes
+                    bar.update(global_step, delivered)
+                    if after_step(cfg, global_step, preemption, lambda: checkpoint(epoch, step_in_epoch + 1)):
                         preempted = True
                         break
             finally:

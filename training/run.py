@@ -129,6 +129,16 @@ class Preemption:
             signal.signal(signal.SIGTERM, self._previous)
 
 
+def after_step(cfg: TrainConfig, global_step: int, preemption: "Preemption", save: Callable[[], None]) -> bool:
+    """Checkpoint every --checkpoint-every steps, and on SIGTERM; True when the run must stop."""
+    if cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0:
+        save()
+    if preemption.requested:
+        save()
+        return True
+    return False
+
+
 class RunFiles:
     """``--out``: steps.jsonl, utilization.jsonl, summary.json (rank 0; other ranks suffix -rankN)."""
 
