@@ -8,7 +8,7 @@ import json
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -359,4 +359,3 @@ def load_results(out: str) -> list[dict]:
     return records
 
 
-__all__ = ["MatrixConfig", "run_matrix", "verdict", "load_results", "ACCELERATORS", "replace"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import html
-import json
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -76,7 +75,7 @@ def _write_csv(path: Path, cells) -> None:
 def _markdown(cells, stores, nodes, frameworks, projections, rec, notes, errors, target, epochs) -> str:
     any_cell = next(iter(cells.values()))
     env = any_cell["env"]
-    lines = [f"# Storage A/B report", "",
+    lines = ["# Storage A/B report", "",
              f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · machine: {env['cores']} vCPUs, {env['ram_gb']} GB RAM, "
              f"GPU: {env['gpu'] or 'none'} · samples {'x'.join(map(str, any_cell['sample_shape']))} "
              f"({any_cell['sample_bytes'] / 1e3:.0f} KB) · batch {any_cell['batch_size']} · model ResNet-18 width "

@@ -138,10 +138,10 @@ class _Stream:
 
     def schema(self, labels: Labels) -> DatasetSchema:
         return DatasetSchema(fields=list(self.guard.specs), labeled=labels.by_id is not None,
-                             label_map=labels.label_map, source=_redact(self.cfg.src))
+                             label_map=labels.label_map, source=redact_url(self.cfg.src))
 
 
-def _redact(url: str) -> str:
+def redact_url(url: str) -> str:
     """Drop query strings (SAS tokens) and user info from a URL before it is stored anywhere."""
     if "://" not in url:
         return os.path.abspath(url)
@@ -158,7 +158,7 @@ def _existing_delta_ids(dst: Path) -> set[str]:
     return set(ds.dataset(files, format="parquet").to_table(columns=["id"]).column("id").to_pylist()) if files else set()
 
 
-def _write_rejects(dst: Path, rejects: list[dict]) -> str | None:
+def write_rejects_report(dst: Path, rejects: list[dict]) -> str | None:
     report = dst.parent / (dst.name + REJECTS_SUFFIX)
     if not rejects:
         report.unlink(missing_ok=True)
@@ -236,11 +236,11 @@ def convert(cfg: ConvertConfig, progress: ProgressFn | None = None,
     return {
         "format": cfg.fmt,
         "output": str(dst),
-        "source": _redact(cfg.src),
+        "source": redact_url(cfg.src),
         "mode": cfg.write.mode,
         "samples": len(stream.accepted),
         "rejected": len(stream.rejects),
-        "rejects_report": _write_rejects(dst, stream.rejects),
+        "rejects_report": write_rejects_report(dst, stream.rejects),
         "files_in": stream.files_done,
         "files_out": len(result.files),
         "bytes_in": stream.bytes_in,

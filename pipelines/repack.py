@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import posixpath
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ import pyarrow as pa
 
 from converters import __version__
 from converters.commit import Staging
-from converters.convert import REJECTS_SUFFIX, _redact, _write_rejects
+from converters.convert import redact_url, write_rejects_report
 from converters.errors import SampleError, TrainfeedError, UsageError
 from converters.labels import resolve_labels
 from converters.layout import DATASET_META, ID, LABEL, MANIFEST, DatasetSchema, arrow_schema, to_record_batch
@@ -133,7 +132,7 @@ def repack(args: argparse.Namespace, spark=None) -> dict:
     if guard.specs is None:
         raise TrainfeedError(f"{args.src}: no valid samples")
     schema = DatasetSchema(fields=list(guard.specs), labeled=labels.by_id is not None, label_map=labels.label_map,
-                           source=_redact(args.src))
+                           source=redact_url(args.src))
     arrow = arrow_schema(schema, args.tensor_column)
     root = str(Path(args.src).absolute()) if "://" not in args.src else args.src.split("://", 1)[1]
     decode = _decoder(listing.kind, root, guard.specs, guard.first_id, labels.by_id or {}, schema.labeled,
@@ -180,7 +179,7 @@ def repack(args: argparse.Namespace, spark=None) -> dict:
 
         delta.optimize(dst, target_size=args.target_file_size,
                        opts=WriteOptions(row_group_size=args.row_group_size, compression=args.compression))
-    report = _write_rejects(dst, rejects)
+    report = write_rejects_report(dst, rejects)
     return {"format": args.to, "output": str(dst), "samples": schema.samples, "rejected": len(rejects),
             "rejects_report": report, "files_in": len(listing.files), "partitions": partitions,
             "engine": "spark", "spark_master": spark.sparkContext.master}

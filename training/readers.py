@@ -25,7 +25,7 @@ from converters import delta, hdf5, parquet
 from converters.errors import TrainfeedError, UsageError
 from converters.labels import resolve_labels
 from converters.layout import DatasetSchema, FieldSpec, decode_tensor
-from converters.samples import load_sample, ordered_map
+from converters.samples import SchemaGuard, load_sample, ordered_map
 from converters.sources import ImageOptions, list_source
 from converters.stores import detect_format
 
@@ -166,8 +166,6 @@ def _open_blob(path: str, opts: ReaderOptions) -> Store:
         raise TrainfeedError(f"{path}: {len(labels.missing)} files have no label in {opts.labels_csv}, "
                              f"e.g. {labels.missing[0]!r}")
     first = load_sample(fs, listing.kind, listing.files[0], labels, ImageOptions())
-    from converters.samples import SchemaGuard
-
     guard = SchemaGuard(listing.kind, ImageOptions())
     guard.check(listing.files[0].path, first)
     schema = DatasetSchema(fields=guard.specs, labeled=labels.by_id is not None, label_map=labels.label_map,

@@ -18,7 +18,7 @@ from converters.errors import TrainfeedError
 
 from .config import TrainConfig, distributed_env
 from .metrics import JsonLines, StepRecord, StepTimer, UtilizationSampler
-from .readers import Batch, ReaderOptions, Store, check_sharding, iter_batches, open_store
+from .readers import Batch, ReaderOptions, Store, check_sharding, open_store
 
 
 @dataclass
@@ -166,8 +166,7 @@ def environment() -> dict:
     import psutil
 
     return {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count(), "ram_gb": round(psutil.virtual_memory().total / 1e9, 1),
-            "hostname_hash": hash(platform.node()) & 0xFFFF}
+            "cores": os.cpu_count(), "ram_gb": round(psutil.virtual_memory().total / 1e9, 1)}
 
 
 def summarize(cfg: TrainConfig, p: Plan, timer: StepTimer, util: UtilizationSampler, extra: dict) -> dict:

@@ -6,7 +6,6 @@ import json
 import shutil
 import socket
 import subprocess
-from pathlib import Path
 
 import pytest
 
