@@ -12,6 +12,7 @@ from typing import List, Optional
 
 import typer
 
+from converters.cli import exit_codes
 from converters.errors import TrainfeedError, UsageError
 from converters.progress import progress_bar
 
@@ -99,11 +100,6 @@ def _csv(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
-def _fail(exc: TrainfeedError) -> None:
-    typer.echo(f"error: {exc}", err=True)
-    raise typer.Exit(exc.exit_code)
-
-
 @app.command(help="Run the storage A/B matrix on one dataset: --stores x --nodes x --frameworks. Each cell is "
                   "measured three ways (compute-only, ingest-only, real run), diagnosed, and projected to time and "
                   "cost per instance of the catalog; writes results.jsonl, results.csv, report.md and report.html "
@@ -136,7 +132,7 @@ def run(
 
     from .matrix import MatrixConfig, run_matrix
 
-    try:
+    with exit_codes():
         labels = labels or (str(Path(src) / "labels.csv") if "://" not in src and (Path(src) / "labels.csv").exists() else None)
         cfg = MatrixConfig(src=src, out=str(out), labels_csv=labels, stores=_csv(stores), nodes=_csv(nodes),
                            frameworks=_csv(frameworks), steps=steps, cpu_steps=cpu_steps, batch_size=batch_size,
@@ -148,14 +144,15 @@ def run(
         if blob_backend not in ("local", "azurite"):
             raise UsageError("--blob-backend must be local or azurite")
         log = lambda m: typer.echo(m, err=True)  # noqa: E731
-        if blob_backend == "azurite":
-            with azurite_copy(cfg, log) as cfg_az:
-                run_matrix(cfg_az, log)
-        else:
-            run_matrix(cfg, log)
+        try:
+            if blob_backend == "azurite":
+                with azurite_copy(cfg, log) as cfg_az:
+                    run_matrix(cfg_az, log)
+            else:
+                run_matrix(cfg, log)
+        except AzuriteError as exc:
+            raise TrainfeedError(str(exc)) from exc
         info = report_mod.build(str(out), target_samples=target_samples, target_epochs=target_epochs, catalog=catalog)
-    except (TrainfeedError, AzuriteError) as exc:
-        _fail(exc if isinstance(exc, TrainfeedError) else TrainfeedError(str(exc)))
     typer.echo(json.dumps(info, default=str) if as_json else f"report: {info['report_html']} (and {info['report_md']})")
 
 
@@ -184,10 +181,8 @@ def report(
     target_epochs: int = typer.Option(5, "--target-epochs"),
     catalog: Path = typer.Option(CATALOG, "--catalog"),
 ) -> None:
-    try:
+    with exit_codes():
         info = report_mod.build(str(out), target_samples=target_samples, target_epochs=target_epochs, catalog=catalog)
-    except TrainfeedError as exc:
-        _fail(exc)
     typer.echo(f"report: {info['report_html']} (and {info['report_md']})")
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+from contextlib import contextmanager
 from enum import Enum
-from typing import List, Optional
+from typing import Iterator, List, Optional
 
 import typer
 
@@ -43,6 +44,20 @@ class TensorColumn(str, Enum):
 class ImageStorage(str, Enum):
     encoded = "encoded"
     decoded = "decoded"
+
+
+@contextmanager
+def exit_codes(interrupted: str = "interrupted") -> Iterator[None]:
+    """The CLI error contract: a TrainfeedError prints its message (no traceback) and exits 1
+    or 2; Ctrl-C exits 130."""
+    try:
+        yield
+    except TrainfeedError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        typer.echo(interrupted, err=True)
+        raise typer.Exit(130) from None
 
 
 def parse_storage_options(pairs: list[str]) -> dict[str, str]:
@@ -143,7 +158,7 @@ def main_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the results instead of the summary."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
 ) -> None:
-    try:
+    with exit_codes("interrupted: nothing was published at the destination"):
         cfg = ConvertConfig(
             src=src, dst=dst, fmt=to.value,
             write=WriteOptions(
@@ -167,12 +182,6 @@ def main_command(
             raise UsageError(f"--image-mode must be RGB or L, not {image_mode!r}")
         with progress_bar(enabled=progress, label=f"convert -> {to.value}") as bar:
             summary = convert(cfg, progress=bar.update, on_listed=bar.start)
-    except TrainfeedError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(exc.exit_code)
-    except KeyboardInterrupt:
-        typer.echo("interrupted: nothing was published at the destination", err=True)
-        raise typer.Exit(130)
     typer.echo(json.dumps(summary) if as_json else _human_summary(summary))
 
 

@@ -9,8 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from converters.cli import parse_storage_options
-from converters.errors import TrainfeedError
+from converters.cli import exit_codes, parse_storage_options
 
 from .config import TrainConfig, check
 
@@ -109,7 +108,7 @@ def main_command(
     as_json: bool = typer.Option(False, "--json", help="Print summary.json to stdout."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
-    try:
+    with exit_codes():
         cfg = TrainConfig(
             data=data, fmt=fmt.value if fmt else None, framework=framework.value, device=device.value,
             batch_size=batch_size, steps_per_epoch=steps_per_epoch, epochs=epochs, workers=workers, pool=pool.value,
@@ -119,12 +118,6 @@ def main_command(
             warmup_steps=warmup_steps, storage_options=parse_storage_options(storage_option), progress=progress,
         )
         summary = run(cfg)
-    except TrainfeedError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(exc.exit_code)
-    except KeyboardInterrupt:
-        typer.echo("interrupted", err=True)
-        raise typer.Exit(130)
     typer.echo(json.dumps(summary) if as_json else _human(summary))
 
 
