@@ -163,3 +163,12 @@ def test_calibrate_writes_a_profile_run_can_use(tmp_path):
     assert res.exit_code == 0, res.stderr
     acc = load_accelerator(str(prof))
     assert acc.kind == "calibrated" and acc.step_seconds[calibration_key((12, 12, 4, 2), 8, 8, False)] > 0
+
+
+def test_azurite_not_installed_is_a_clear_error(tmp_path, monkeypatch):
+    from benchmarks import azurite
+
+    monkeypatch.setattr(azurite, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(azurite.shutil, "which", lambda name: None)
+    with pytest.raises(azurite.AzuriteError, match="Azurite is not installed: run `make install`"):
+        azurite.start()

@@ -152,3 +152,22 @@ def test_unlabeled_store_is_refused(tmp_path):
     assert run_cli(app, tmp_path / "v", tmp_path / "u.h5", "--to", "hdf5", "--no-progress").exit_code == 0
     res = train_cli("--data", tmp_path / "u.h5", "--out", tmp_path / "o", *QUICK)
     assert res.exit_code == 1 and "store is unlabeled" in res.stderr
+
+
+def test_2d_resnet_trains_from_an_image_store(tmp_path):
+    from converters.cli import app
+    from tests.conftest import write_images
+
+    write_images(tmp_path / "imgs", 24, size=(40, 48))
+    assert run_cli(app, tmp_path / "imgs", tmp_path / "imgs.h5", "--to", "hdf5", "--resize", "32x32",
+                   "--image-storage", "decoded", "--no-progress").exit_code == 0
+    res = train_cli("--data", tmp_path / "imgs.h5", "--out", tmp_path / "o", "--json", *QUICK, "--batch-size", "8")
+    assert res.exit_code == 0, res.stderr
+    s = json.loads(res.stdout)
+    assert s["sample_shape"] == [32, 32, 3] and s["steps"] == 3 and s["num_classes"] == 2
+    assert s["parameters"]["trainable"] > 0
+    # encoded images must be decoded at conversion to train from them: a clear refusal
+    assert run_cli(app, tmp_path / "imgs", tmp_path / "enc.h5", "--to", "hdf5", "--resize", "32x32",
+                   "--no-progress").exit_code == 0
+    res = train_cli("--data", tmp_path / "enc.h5", "--out", tmp_path / "o2", *QUICK)
+    assert res.exit_code == 1 and "--image-storage decoded" in res.stderr
