@@ -3,6 +3,7 @@ local[*] session sized for a laptop or CI machine."""
 from __future__ import annotations
 
 import os
+import sys
 
 
 def on_databricks() -> bool:
@@ -14,8 +15,12 @@ def get_spark(app_name: str = "trainfeed", cores: int | str = "*", driver_memory
 
     if on_databricks():
         return SparkSession.builder.getOrCreate()
+    # Python workers must run this interpreter (the one with pyarrow and trainfeed), not
+    # whatever `python3` is first on PATH
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     return (
         SparkSession.builder.master(f"local[{cores}]")
+        .config("spark.pyspark.python", sys.executable)
         .appName(app_name)
         .config("spark.driver.memory", driver_memory)
         .config("spark.ui.enabled", "false")
