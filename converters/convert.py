@@ -216,7 +216,8 @@ def convert(cfg: ConvertConfig, progress: ProgressFn | None = None,
     else:
         with Staging(dst) as staging:
             target = staging.path
-            result = writer(target, schema, stream.batches(first, rows), cfg.write)
+            # a new store in the staging folder: "create", whatever --mode said of the destination
+            result = writer(target, schema, stream.batches(first, rows), replace(cfg.write, mode="create"))
             if cfg.verify:
                 verified = verify_store(target, cfg.fmt, fs=fs, listing=listing, labels=labels, image_opts=cfg.image,
                                         expected_ids=stream.accepted, exact=True, workers=cfg.workers)

@@ -135,3 +135,11 @@ def test_delta_append_of_other_fields_is_refused(tmp_path, volumes, convert_cli)
     res = convert_cli(other, dst, "--to", "delta", "--mode", "append")
     assert res.exit_code == 1 and "cannot append" in res.stderr
     assert delta.open_table(dst).version() == 0
+
+
+def test_delta_append_to_a_new_destination_creates_the_table(tmp_path, volumes, convert_cli):
+    src, truth = volumes
+    dst = tmp_path / "fresh.delta"
+    res = convert_cli(src, dst, "--to", "delta", "--mode", "append", "--verify", "--json")
+    assert res.exit_code == 0, res.stderr
+    assert delta.read_schema(dst).samples == len(truth) and delta.open_table(dst).version() == 0
