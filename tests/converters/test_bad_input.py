@@ -263,3 +263,22 @@ def test_usage_errors_exit_2(tmp_path, volumes, convert_cli, args, message):
     res = convert_cli(src, tmp_path / "out", *args)
     assert res.exit_code == 2 and message in (res.stderr + res.stdout)
     assert leftovers(tmp_path, "out") == []
+
+
+def test_failed_verify_of_a_delta_overwrite_restores_the_previous_version(tmp_path, volumes, monkeypatch):
+    from converters import delta
+    from converters import verify as verify_mod
+    from converters.cli import app
+    from tests.conftest import run_cli
+
+    src, truth = volumes
+    dst = tmp_path / "t.delta"
+    assert run_cli(app, src, dst, "--to", "delta", "--no-progress").exit_code == 0
+    before = {sid: f["volume"].tobytes() for sid, _, f in delta.read_samples(dst)}
+    real = verify_mod.same_value
+    monkeypatch.setattr(verify_mod, "same_value", lambda a, b: False if isinstance(a, np.ndarray) else real(a, b))
+    res = run_cli(app, src, dst, "--to", "delta", "--overwrite", "--verify", "--no-progress")
+    assert res.exit_code == 1 and "verification failed" in res.stderr
+    table = delta.open_table(dst)
+    assert table.version() == 2  # 0: first write, 1: the overwrite, 2: the restore of version 0
+    assert {sid: f["volume"].tobytes() for sid, _, f in delta.read_samples(dst)} == before
