@@ -203,10 +203,11 @@ def _petastorm_reader(store: Store, opts: ReaderOptions, epoch: int, pool: str, 
                              reader_pool_type=pool, workers_count=workers, **kwargs)
 
 
-def _decode_rows(rb, spec: FieldSpec) -> tuple[list, np.ndarray, np.ndarray]:
+def _decode_rows(rb, spec: FieldSpec) -> tuple[list, np.ndarray, np.ndarray | list]:
     values = getattr(rb, spec.name)
     if len(values) and isinstance(values[0], bytes):
-        x = np.stack([decode_tensor(v, spec) for v in values])
+        # views into Petastorm's bytes objects: the one copy happens when a batch is stacked
+        x = [decode_tensor(v, spec) for v in values]
     else:
         x = np.asarray(np.stack(values) if values.dtype == object else values, dtype=spec.dtype)
         x = x.reshape((len(values), *spec.shape))
