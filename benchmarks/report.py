@@ -137,8 +137,9 @@ def _markdown(cells, stores, nodes, frameworks, projections, rec, notes, errors,
               "- Measured cells: the real reader and, on this machine's CPU, the real model; on emulated nodes the "
               "step sleeps for the accelerator profile's step time, so data wait is measured, compute is modelled.",
               "- GPU instances: min(GPU compute rate from the profile x GPUs, this store's ingest-only rate x instance "
-              "vCPUs / local vCPUs). CPU instances: the CPU-node rate x vCPUs / local vCPUs. Linear vCPU scaling is "
-              "an assumption; `storage-bench calibrate` on the real instance replaces estimates with measurements.",
+              "vCPUs / local vCPUs), i.e. reader workers (blob: concurrent GETs) scaled with vCPUs as measured here "
+              "per vCPU. CPU instances: the CPU-node rate x vCPUs / local vCPUs. Linear vCPU scaling is an "
+              "assumption; `storage-bench calibrate` on the real instance replaces estimates with measurements.",
               "- Prices: the catalog (benchmarks/instances.csv) with each price's date and source; rows without a "
               "price get a time but no cost.", ""]
     if notes:
