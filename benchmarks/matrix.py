@@ -19,9 +19,9 @@ from converters.errors import TrainfeedError, UsageError
 from converters.options import WriteOptions
 from converters.stores import detect_format
 from training.config import TrainConfig
-from training.metrics import StepRecord, StepTimer, UtilizationSampler
+from training.metrics import StepTimer, UtilizationSampler
 from training.readers import ReaderOptions, iter_batches, open_store
-from training.run import Prefetcher
+from training.run import Prefetcher, record
 
 from .profiles import ACCELERATORS, calibration_key, load_accelerator, model_flops, step_seconds
 
@@ -207,7 +207,7 @@ def emulated_run(path: str, opts: ReaderOptions, step_s: float, steps: int, out_
                 batch, _ = item
                 t0 = time.perf_counter()
                 time.sleep(step_s)
-                timer.add(StepRecord(step, 0, wait, time.perf_counter() - t0, len(batch.ids), batch.nbytes))
+                record(timer, step, 0, wait, time.perf_counter() - t0, len(batch.ids), batch.nbytes)
         finally:
             prefetch.close()
     return {**timer.summary(), "utilization": util.summary(), "utilization_timeline": util.samples}

@@ -28,6 +28,7 @@ def parquet_compression(name: str) -> str:
 class Part:
     file: str  # name inside the store folder
     rows: int
+    row_groups: int  # one per batch written
     size: int
     min_id: str
     max_id: str
@@ -58,7 +59,7 @@ def write_parts(folder: Path, schema: DatasetSchema, batches: Iterator[list[Samp
     parts: list[Part] = []
     sink = writer = None
     pending: Future | None = None
-    rows = 0
+    rows = groups = 0
     ids: list[str] = []
     labels: list[int] = []
 
@@ -69,7 +70,7 @@ def write_parts(folder: Path, schema: DatasetSchema, batches: Iterator[list[Samp
         sink.close()
         name = part_name(len(parts))
         lab = (min(labels), max(labels)) if labels else (None, None)
-        parts.append(Part(name, rows, size, min(ids), max(ids), lab))
+        parts.append(Part(name, rows, groups, size, min(ids), max(ids), lab))
         sink = writer = None
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainfeed-parquet") as pool:
@@ -82,9 +83,10 @@ def write_parts(folder: Path, schema: DatasetSchema, batches: Iterator[list[Samp
                         close_part()
                 if writer is None:
                     sink, writer = _open_part(folder / part_name(len(parts)), arrow, opts)
-                    rows, ids, labels = 0, [], []
+                    rows, groups, ids, labels = 0, 0, [], []
                 pending = pool.submit(writer.write_batch, record_batch, row_group_size=len(batch))
                 rows += len(batch)
+                groups += 1
                 ids += (batch[0].id, batch[-1].id)  # batches arrive in id order
                 labels += [s.label for s in batch if s.label is not None]
             if pending is not None:
@@ -112,11 +114,7 @@ def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: Wr
                 "parts": [{"file": p.file, "rows": p.rows} for p in parts]}
     (path / MANIFEST).write_text(json.dumps(manifest, indent=1))
     files = [str(path / p.file) for p in parts]
-    return WriteResult(files, sum(p.size for p in parts), {"row_groups": _row_group_count(files)})
-
-
-def _row_group_count(files: list[str]) -> int:
-    return sum(pq.ParquetFile(f).num_row_groups for f in files)
+    return WriteResult(files, sum(p.size for p in parts), {"row_groups": sum(p.row_groups for p in parts)})
 
 
 def is_store(path: Path) -> bool:

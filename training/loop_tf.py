@@ -15,7 +15,7 @@ from converters.progress import progress_bar  # noqa: E402
 from .config import TrainConfig, distributed_env  # noqa: E402
 from .metrics import StepTimer, UtilizationSampler  # noqa: E402
 from .readers import Batch, ReaderOptions, Store, iter_batches, open_store  # noqa: E402
-from .run import Preemption, RunFiles, after_step, check_labels, plan, reader_options, summarize  # noqa: E402
+from .run import Preemption, RunFiles, after_step, check_labels, plan, reader_options, record, summarize  # noqa: E402
 
 
 def tf_dataset(store: Store, opts: ReaderOptions, epoch: int = 0, num_classes: int | None = None,
@@ -133,7 +133,8 @@ def train(cfg: TrainConfig) -> dict:
                 global_var.assign(global_step)
                 correct += int(hits.numpy())
                 seen += int(y.shape[0])
-                timer.add(_record(global_step, epoch, t1 - t0, compute, int(y.shape[0]), x, loss))
+                record(timer, global_step, epoch, t1 - t0, compute, int(y.shape[0]),
+                       int(np.prod(x.shape)) * x.dtype.size, loss)
                 bar.update(global_step - first_step, 0)
                 if after_step(cfg, global_step, preemption, lambda: checkpoint(epoch, step_in_epoch + 1)):
                     preempted = True
@@ -152,12 +153,6 @@ def train(cfg: TrainConfig) -> dict:
     files.write_summary(summary)
     files.close()
     return summary
-
-
-def _record(step, epoch, wait, compute, n, x, loss):
-    from .metrics import StepRecord
-
-    return StepRecord(step, epoch, wait, compute, n, int(np.prod(x.shape)) * x.dtype.size, loss)
 
 
 def evaluate(cfg: TrainConfig, model, num_classes: int) -> dict:

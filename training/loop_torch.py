@@ -145,7 +145,8 @@ def train(cfg: TrainConfig) -> dict:
                     with torch.no_grad():
                         correct += int((_predict(logits.detach()) == y).sum())
                         seen += len(batch.ids)
-                    delivered += record(timer, global_step, epoch, wait, compute, batch, float(loss.detach())).bytes
+                    delivered += record(timer, global_step, epoch, wait, compute, len(batch.ids), batch.nbytes,
+                                        float(loss.detach())).bytes
                     bar.update(global_step, delivered)
                     if after_step(cfg, global_step, preemption, lambda: checkpoint(epoch, step_in_epoch + 1)):
                         preempted = True

@@ -180,7 +180,9 @@ def summarize(cfg: TrainConfig, p: Plan, timer: StepTimer, util: UtilizationSamp
     }
 
 
-def record(timer: StepTimer, step: int, epoch: int, wait: float, compute: float, batch: Batch, loss) -> StepRecord:
-    rec = StepRecord(step, epoch, wait, compute, len(batch.ids), batch.nbytes, loss)
+def record(timer: StepTimer, step: int, epoch: int, wait: float, compute: float, samples: int, nbytes: int,
+           loss: float | None = None) -> StepRecord:
+    """Account one step in ``timer`` (and its sink)."""
+    rec = StepRecord(step, epoch, wait, compute, samples, nbytes, loss)
     timer.add(rec)
     return rec
