@@ -15,6 +15,7 @@ import typer
 from converters.cli import exit_codes
 from converters.errors import TrainfeedError, UsageError
 from converters.progress import progress_bar
+from converters.redact import redact, redact_json, register_storage_options
 
 from . import report as report_mod
 from .azurite import AzuriteError
@@ -80,19 +81,21 @@ def generate(
     if labels not in ("csv", "folders"):
         typer.echo("error: --labels must be csv or folders", err=True)
         raise typer.Exit(2)
+    dims = _shape(shape) if shape else (VOLUME_SHAPE if kind == Kind.volumes else IMAGE_SIZE)
+    if kind == Kind.volumes and len(dims) < 4:
+        typer.echo(f"error: volumes --shape is XxYxZxC (at least 4 sizes), got {shape!r}", err=True)
+        raise typer.Exit(2)
+    if kind == Kind.images and len(dims) != 2:
+        typer.echo("error: images --shape is HxW", err=True)
+        raise typer.Exit(2)
     with progress_bar(label=f"generate {kind.value}") as bar:
         bar.start(count)
         if kind == Kind.volumes:
-            dims = _shape(shape) if shape else VOLUME_SHAPE
             per_sample = 4 * int(__import__("numpy").prod(dims))
             info = generate_volumes(out, count, shape=dims, seed=seed, labels=labels,
                                     progress=lambda n: bar.update(n, n * per_sample))
         else:
-            size = _shape(shape) if shape else IMAGE_SIZE
-            if len(size) != 2:
-                typer.echo("error: images --shape is HxW", err=True)
-                raise typer.Exit(2)
-            info = generate_images(out, count, size=size, classes=classes, seed=seed, progress=bar.update)
+            info = generate_images(out, count, size=dims, classes=classes, seed=seed, progress=bar.update)
     typer.echo(json.dumps(info) if as_json else f"{info['count']} {info['kind']} written to {info['path']}")
 
 
@@ -103,11 +106,13 @@ def _csv(text: str) -> tuple[str, ...]:
 @app.command(help="Run the storage A/B matrix on one dataset: --stores x --nodes x --frameworks. Each cell is "
                   "measured three ways (compute-only, ingest-only, real run), diagnosed, and projected to time and "
                   "cost per instance of the catalog; writes results.jsonl, results.csv, report.md and report.html "
-                  "to --out. Cells are appended as they finish: a failed cell does not lose the others.")
+                  "to --out. Cells are appended as they finish: a failed cell does not lose the others, and the "
+                  "report says why each failed cell failed. Exit 1 when no cell could be measured.")
 def run(
     src: str = typer.Argument(..., help="Folder (or fsspec URL) of the small files: the blob layout."),
     out: Path = typer.Option(Path("bench-out/ab"), "--out", help="Results folder (converted stores are cached in OUT/stores)."),
-    labels: Optional[str] = typer.Option(None, "--labels", help="Labels CSV (id,label); default SRC/labels.csv if present."),
+    labels: Optional[str] = typer.Option(None, "--labels", help="Labels CSV (id,label); default SRC/labels.csv if present. "
+                                          "Under --blob-profile: a local file or on SRC's storage."),
     stores: str = typer.Option("blob,parquet,delta,hdf5", "--stores", help="Comma-separated: blob, parquet, delta, hdf5."),
     nodes: str = typer.Option("cpu,t4,h100", "--nodes", help="cpu, cuda (a real GPU), emulated t4, v100, a10g, a100, "
                               "h100, or a profile file from `calibrate`."),
@@ -122,7 +127,7 @@ def run(
                                      "store: azure-blob, s3, lan, or none."),
     blob_backend: str = typer.Option("local", "--blob-backend", help="local: the files as they are; azurite: upload "
                                      "them to a local Azurite (real Azure Blob API) and read from there."),
-    storage_option: List[str] = typer.Option([], "--storage-option", help="KEY=VALUE for a remote SRC."),
+    storage_option: List[str] = typer.Option([], "--storage-option", help="KEY=VALUE for a remote SRC and --labels."),
     target_samples: int = typer.Option(650_000, "--target-samples", help="Your full dataset's size, for projections."),
     target_epochs: int = typer.Option(5, "--target-epochs"),
     catalog: Path = typer.Option(CATALOG, "--catalog", help="Instance catalog CSV (prices with date and source)."),
@@ -143,7 +148,7 @@ def run(
             load_object_store(blob_profile)
         if blob_backend not in ("local", "azurite"):
             raise UsageError("--blob-backend must be local or azurite")
-        log = lambda m: typer.echo(m, err=True)  # noqa: E731
+        log = lambda m: typer.echo(redact(m), err=True)  # noqa: E731
         try:
             if blob_backend == "azurite":
                 with azurite_copy(cfg, log) as cfg_az:
@@ -153,7 +158,19 @@ def run(
         except AzuriteError as exc:
             raise TrainfeedError(str(exc)) from exc
         info = report_mod.build(str(out), target_samples=target_samples, target_epochs=target_epochs, catalog=catalog)
-    typer.echo(json.dumps(info, default=str) if as_json else f"report: {info['report_html']} (and {info['report_md']})")
+        typer.echo(redact_json(info, default=str) if as_json else _report_line(info))
+        _fail_unless_measured(info)
+
+
+def _report_line(info: dict) -> str:
+    return redact(f"report: {info['report_html']} (and {info['report_md']})")
+
+
+def _fail_unless_measured(info: dict) -> None:
+    """A matrix in which no cell was measured is a failed run (exit 1), its report says why."""
+    if info["cells"] == 0:
+        raise TrainfeedError(f"{info['report_md']}: no cell was measured: all {info['errors']} failed; "
+                             f"first failure: {info['first_error'] or 'none recorded'}")
 
 
 @contextmanager
@@ -164,10 +181,11 @@ def azurite_copy(cfg, log):
     from .azurite import start
 
     server = start()
+    register_storage_options(server.storage_options)
     try:
         fs = fsspec.filesystem("abfs", **server.storage_options)
         fs.mkdir("trainfeed")
-        log(f"uploading {cfg.src} to Azurite on port {server.port}")
+        log(redact(f"uploading {cfg.src} to Azurite on port {server.port}"))
         fs.put(str(cfg.src), "trainfeed/src", recursive=True)
         yield replace(cfg, src="abfs://trainfeed/src", storage_options=server.storage_options)
     finally:
@@ -183,7 +201,8 @@ def report(
 ) -> None:
     with exit_codes():
         info = report_mod.build(str(out), target_samples=target_samples, target_epochs=target_epochs, catalog=catalog)
-    typer.echo(f"report: {info['report_html']} (and {info['report_md']})")
+        typer.echo(_report_line(info))
+        _fail_unless_measured(info)
 
 
 @app.command(help="Measure compute-only step time of the model on this machine's device (CPU, or CUDA when "

@@ -17,6 +17,7 @@ import numpy as np
 from converters.convert import ConvertConfig, convert
 from converters.errors import TrainfeedError, UsageError
 from converters.options import WriteOptions
+from converters.redact import redact, redact_obj, register_storage_options
 from converters.stores import detect_format
 from training.config import TrainConfig
 from training.metrics import StepTimer, UtilizationSampler
@@ -28,6 +29,8 @@ from .profiles import ACCELERATORS, calibration_key, load_accelerator, model_flo
 RESULTS_VERSION = 1
 STORES = ("blob", "parquet", "delta", "hdf5")
 REAL_NODES = ("cpu", "cuda")
+#: What makes one cell (or one store's cells) fail without stopping the matrix.
+CELL_ERRORS = (TrainfeedError, RuntimeError, OSError)
 
 
 @dataclass
@@ -67,6 +70,8 @@ def check_matrix(cfg: MatrixConfig) -> None:
             raise UsageError(f"unknown framework {f!r}: choose torch or tf")
     if cfg.steps < 2 or cfg.cpu_steps < 2:
         raise UsageError("--steps and --cpu-steps must be at least 2 (the first step is warm-up)")
+    if "blob" in cfg.stores:
+        blob_source(cfg)  # a --labels the emulated store cannot reach is a usage error
 
 
 def environment() -> dict:
@@ -87,45 +92,93 @@ def environment() -> dict:
 
 # --------------------------------------------------------------------------- stores
 
-def prepare_stores(cfg: MatrixConfig, log: Callable[[str], None]) -> dict[str, tuple[str, dict]]:
-    """Path (or URL) and storage options of each store; converted stores are cached in OUT/stores."""
-    out = {}
-    root = Path(cfg.out) / "stores"
+@dataclass(frozen=True)
+class StoreSource:
+    """Where the matrix reads one store from, and how."""
+
+    path: str
+    storage_options: dict
+    fmt: str | None = None  # None: detected from the path
+    labels_csv: str | None = None  # blob: the labels CSV, reached the way the files are
+
+
+def _split_location(url: str) -> tuple[str, str]:
+    """(fsspec protocol, path inside that filesystem) of a local path or URL."""
+    if "://" not in url:
+        return "file", os.path.abspath(url)
+    protocol, path = url.split("://", 1)
+    return protocol, path
+
+
+def _emulated_labels(labels_csv: str | None, target: str) -> str | None:
+    """The labels CSV as the emulated blob store reaches it: through the emulation (the same
+    filesystem and options as the files) when it lives where they do; a local file as it is."""
+    if labels_csv is None:
+        return None
+    protocol, path = _split_location(labels_csv)
+    if protocol == target:
+        return f"emulated://{path}"
+    if protocol == "file":
+        return labels_csv
+    raise UsageError(f"--labels {labels_csv}: under --blob-profile the labels must be a local file or on the same "
+                     f"storage as SRC ({target}://); copy them there, or pass --blob-profile none")
+
+
+def blob_source(cfg: MatrixConfig) -> StoreSource:
+    """The small files as the blob cells read them: wrapped in the latency emulation when a
+    profile is set (emulated://, whose options hold the real backend's options)."""
+    if not cfg.blob_profile:
+        return StoreSource(cfg.src, dict(cfg.storage_options), "blob", cfg.labels_csv)
+    import benchmarks.blobsim  # noqa: F401  registers emulated://
+
+    target, path = _split_location(cfg.src)
+    opts = {"target": target, "profile": cfg.blob_profile, "target_options": dict(cfg.storage_options)}
+    return StoreSource(f"emulated://{path}", opts, "blob", _emulated_labels(cfg.labels_csv, target))
+
+
+def prepare_store(cfg: MatrixConfig, name: str, log: Callable[[str], None]) -> StoreSource:
+    """The blob source, or a converted store (cached in OUT/stores)."""
+    if name == "blob":
+        return blob_source(cfg)
+    dst = Path(cfg.out) / "stores" / (f"{name}.h5" if name == "hdf5" else name)
+    if detect_format(dst) != name:
+        log(redact(f"converting {cfg.src} -> {name}"))
+        convert(ConvertConfig(src=cfg.src, dst=str(dst), fmt=name, labels_csv=cfg.labels_csv,
+                              storage_options=cfg.storage_options, write=WriteOptions(row_group_size=8 * 10**6),
+                              workers=max(2, os.cpu_count() or 2)))
+    return StoreSource(str(dst), {})
+
+
+def open_stores(cfg: MatrixConfig, log: Callable[[str], None]) -> tuple[dict, dict]:
+    """Prepare and open every store: name -> (source, sample shape) for those that open,
+    name -> the redacted reason for those that do not (their cells fail, the others run)."""
+    opened, failed = {}, {}
     for name in cfg.stores:
-        if name == "blob":
-            if cfg.blob_profile:
-                import benchmarks.blobsim  # noqa: F401  registers emulated://
-
-                target = "file" if "://" not in cfg.src else cfg.src.split("://", 1)[0]
-                path = cfg.src if "://" not in cfg.src else cfg.src.split("://", 1)[1]
-                opts = {"target": target, "profile": cfg.blob_profile, "target_options": dict(cfg.storage_options)}
-                out[name] = (f"emulated://{os.path.abspath(path) if target == 'file' else path}", opts)
-            else:
-                out[name] = (cfg.src, dict(cfg.storage_options))
-            continue
-        dst = root / (f"{name}.h5" if name == "hdf5" else name)
-        if detect_format(dst) != name:
-            log(f"converting {cfg.src} -> {name}")
-            convert(ConvertConfig(src=cfg.src, dst=str(dst), fmt=name, labels_csv=cfg.labels_csv,
-                                  storage_options=cfg.storage_options, write=WriteOptions(row_group_size=8 * 10**6),
-                                  workers=max(2, os.cpu_count() or 2)))
-        out[name] = (str(dst), {})
-    return out
+        try:
+            src = prepare_store(cfg, name, log)
+            store = open_store(src.path, src.fmt, _reader_options(cfg, name, src))
+        except UsageError:
+            raise
+        except CELL_ERRORS as exc:
+            failed[name] = redact(exc)
+        else:
+            opened[name] = (src, tuple(store.spec.shape))
+    return opened, failed
 
 
-def _reader_options(cfg: MatrixConfig, store: str, storage_options: dict) -> ReaderOptions:
+def _reader_options(cfg: MatrixConfig, store: str, src: StoreSource) -> ReaderOptions:
     # a shuffle buffer of two batches: a larger one would make the first step read far ahead
     # and the short measured window flow from memory
     return ReaderOptions(batch_size=cfg.batch_size, workers=cfg.workers, shuffle=True, seed=0,
                          shuffle_buffer=2 * cfg.batch_size,
                          pool="arrow" if store in ("parquet", "delta") else "sharded",
-                         labels_csv=cfg.labels_csv if store == "blob" else None, storage_options=storage_options)
+                         labels_csv=src.labels_csv, storage_options=src.storage_options)
 
 
 # --------------------------------------------------------------------------- measurements
 
-def ingest_only(path: str, opts: ReaderOptions, steps: int) -> dict:
-    store = open_store(path, "blob" if path.startswith("emulated://") else None, opts)
+def ingest_only(src: StoreSource, opts: ReaderOptions, steps: int) -> dict:
+    store = open_store(src.path, src.fmt, opts)
     t0 = time.perf_counter()  # from the first request: filling the shuffle buffer is reading too
     n = nbytes = 0
     for i, batch in enumerate(iter_batches(store, opts), 1):
@@ -191,10 +244,10 @@ def compute_only_tf(shape, batch: int, width: int, steps: int) -> float:
     return float(np.median(times[1:]))
 
 
-def emulated_run(path: str, opts: ReaderOptions, step_s: float, steps: int, out_dir: Path) -> dict:
+def emulated_run(src: StoreSource, opts: ReaderOptions, step_s: float, steps: int, out_dir: Path) -> dict:
     """The real reader feeds a step that occupies the (emulated) accelerator for ``step_s``:
     the host is free meanwhile, as with a real GPU."""
-    store = open_store(path, "blob" if path.startswith("emulated://") else None, opts)
+    store = open_store(src.path, src.fmt, opts)
     timer = StepTimer(warmup_steps=1)
     util_path = out_dir / "utilization.jsonl"
     with open(util_path, "w") as fh, UtilizationSampler(sink=lambda r: fh.write(json.dumps(r) + "\n")) as util:
@@ -213,15 +266,14 @@ def emulated_run(path: str, opts: ReaderOptions, step_s: float, steps: int, out_
     return {**timer.summary(), "utilization": util.summary(), "utilization_timeline": util.samples}
 
 
-def real_cpu_run(path: str, storage_options: dict, cfg: MatrixConfig, framework: str, labels_csv: str | None,
-                 out_dir: Path, device: str = "cpu") -> dict:
+def real_cpu_run(src: StoreSource, cfg: MatrixConfig, framework: str, out_dir: Path, device: str = "cpu") -> dict:
     from training.cli import run
 
-    tcfg = TrainConfig(data=path, fmt="blob" if path.startswith("emulated://") else None, framework=framework,
+    tcfg = TrainConfig(data=src.path, fmt=src.fmt, framework=framework,
                        device=device, batch_size=cfg.batch_size, steps_per_epoch=cfg.cpu_steps, epochs=1,
-                       workers=cfg.workers, pool="arrow", width=cfg.width, out=str(out_dir), labels_csv=labels_csv,
+                       workers=cfg.workers, pool="arrow", width=cfg.width, out=str(out_dir), labels_csv=src.labels_csv,
                        shuffle_buffer=2 * cfg.batch_size,
-                       storage_options=storage_options, progress=False, amp=cfg.amp)
+                       storage_options=src.storage_options, progress=False, amp=cfg.amp)
     summary = run(tcfg)
     timeline = [json.loads(line) for line in (out_dir / "utilization.jsonl").read_text().splitlines()]
     return {**{k: summary[k] for k in ("steps", "samples", "wall_s", "data_wait_s", "compute_s", "samples_per_s",
@@ -231,58 +283,77 @@ def real_cpu_run(path: str, storage_options: dict, cfg: MatrixConfig, framework:
 
 # --------------------------------------------------------------------------- the matrix
 
+class ResultsFile:
+    """results.jsonl, one redacted record per line, appended as each cell ends."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.records: list[dict] = []
+
+    def add(self, rec: dict) -> dict:
+        rec = redact_obj(rec)
+        self.records.append(rec)
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(rec) + "\n")
+        return rec
+
+
 def run_matrix(cfg: MatrixConfig, log: Callable[[str], None] = print) -> list[dict]:
     check_matrix(cfg)
+    register_storage_options(cfg.storage_options)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    results_path = out / "results.jsonl"
+    results = ResultsFile(out / "results.jsonl")
     env = environment()
-    stores = prepare_stores(cfg, log)
-    first_path, first_opts = next(iter(stores.values()))
-    probe = open_store(first_path, "blob" if first_path.startswith("emulated://") else None,
-                       _reader_options(cfg, next(iter(stores)), first_opts))
-    shape = tuple(probe.spec.shape)
-    flops_step = model_flops(shape, cfg.width) * cfg.batch_size
-    records: list[dict] = []
-    ingest: dict[str, dict] = {}
+    opened, failed = open_stores(cfg, log)
     compute: dict[tuple[str, str], tuple[float, str]] = {}
+    grid = [(node, framework) for node in cfg.nodes for framework in cfg.frameworks]
 
-    def emit(rec: dict) -> None:
-        records.append(rec)
-        with open(results_path, "a") as fh:
-            fh.write(json.dumps(rec) + "\n")
+    def fail(rep: int, store: str, stage: str, error: str) -> None:
+        """Every cell of one store fails for one reason."""
+        for node, framework in grid:
+            results.add(_error_record(rep, store, node, framework, stage, error, env))
+        log(f"{store:>8}: every cell failed ({stage}): {error}")
 
     for rep in range(cfg.repeats):
-        for store_name, (path, sopts) in stores.items():
-            ropts = _reader_options(cfg, store_name, sopts)
-            try:
-                ingest[store_name] = ingest_only(path, ropts, cfg.steps)
-            except TrainfeedError as exc:
-                emit({"kind": "error", "store": store_name, "stage": "ingest-only", "error": str(exc),
-                      "results_version": RESULTS_VERSION})
+        for store_name in cfg.stores:
+            if store_name in failed:
+                fail(rep, store_name, "prepare", failed[store_name])
                 continue
-            for node in cfg.nodes:
-                for framework in cfg.frameworks:
-                    cell = {"kind": "cell", "results_version": RESULTS_VERSION, "repeat": rep, "store": store_name,
-                            "node": node, "framework": framework, "batch_size": cfg.batch_size, "width": cfg.width,
-                            "sample_shape": list(shape), "sample_bytes": int(np.prod(shape)) * 4,
-                            "flops_per_step": flops_step, "blob_profile": cfg.blob_profile if store_name == "blob" else None,
-                            "workers": cfg.workers, "env": env, "page_cache": "warm after the first read"}
-                    try:
-                        cell.update(_measure_cell(cfg, node, framework, store_name, path, sopts, ropts, shape,
-                                                  flops_step, compute, out / "cells" / f"{store_name}-{node}-{framework}-{rep}"))
-                        cell["ingest_only"] = ingest[store_name]
-                        cell["verdict"] = verdict(cell)
-                    except (TrainfeedError, RuntimeError, OSError) as exc:
-                        cell.update(kind="error", error=str(exc), stage="cell")
-                    emit(cell)
-                    log(f"{store_name:>8} x {node:<6} {framework:<5} "
-                        + (f"{cell['real']['samples_per_s']:.1f} samples/s, stall {100 * cell['real']['stall_fraction']:.0f}%"
-                           if cell["kind"] == "cell" else f"failed: {cell['error']}"))
-    return records
+            src, shape = opened[store_name]
+            ropts = _reader_options(cfg, store_name, src)
+            try:
+                ingest = ingest_only(src, ropts, cfg.steps)
+            except CELL_ERRORS as exc:
+                fail(rep, store_name, "ingest-only", redact(exc))
+                continue
+            flops_step = model_flops(shape, cfg.width) * cfg.batch_size
+            for node, framework in grid:
+                cell = {"kind": "cell", "results_version": RESULTS_VERSION, "repeat": rep, "store": store_name,
+                        "node": node, "framework": framework, "batch_size": cfg.batch_size, "width": cfg.width,
+                        "sample_shape": list(shape), "sample_bytes": int(np.prod(shape)) * 4,
+                        "flops_per_step": flops_step, "blob_profile": cfg.blob_profile if store_name == "blob" else None,
+                        "workers": cfg.workers, "env": env, "page_cache": "warm after the first read"}
+                try:
+                    cell.update(_measure_cell(cfg, node, framework, store_name, src, ropts, shape,
+                                              flops_step, compute, out / "cells" / f"{store_name}-{node}-{framework}-{rep}"))
+                    cell["ingest_only"] = ingest
+                    cell["verdict"] = verdict(cell)
+                except CELL_ERRORS as exc:
+                    cell = _error_record(rep, store_name, node, framework, "cell", redact(exc), env)
+                cell = results.add(cell)
+                log(f"{store_name:>8} x {node:<6} {framework:<5} "
+                    + (f"{cell['real']['samples_per_s']:.1f} samples/s, stall {100 * cell['real']['stall_fraction']:.0f}%"
+                       if cell["kind"] == "cell" else f"failed: {cell['error']}"))
+    return results.records
 
 
-def _measure_cell(cfg, node, framework, store_name, path, sopts, ropts, shape, flops_step, compute, cell_dir) -> dict:
+def _error_record(rep: int, store: str, node: str, framework: str, stage: str, error: str, env: dict) -> dict:
+    return {"kind": "error", "results_version": RESULTS_VERSION, "repeat": rep, "store": store, "node": node,
+            "framework": framework, "stage": stage, "error": error, "env": env}
+
+
+def _measure_cell(cfg, node, framework, store_name, src, ropts, shape, flops_step, compute, cell_dir) -> dict:
     cell_dir.mkdir(parents=True, exist_ok=True)
     key = (node, framework)
     if node in REAL_NODES:
@@ -290,13 +361,13 @@ def _measure_cell(cfg, node, framework, store_name, path, sopts, ropts, shape, f
             seconds = (compute_only_torch(shape, cfg.batch_size, cfg.width, 3, node, cfg.amp) if framework == "torch"
                        else compute_only_tf(shape, cfg.batch_size, cfg.width, 3))
             compute[key] = (seconds, "measured")
-        real = real_cpu_run(path, sopts, cfg, framework, cfg.labels_csv if store_name == "blob" else None, cell_dir, node)
+        real = real_cpu_run(src, cfg, framework, cell_dir, node)
         profile = {"node_kind": "real", "device": node}
     else:
         acc = load_accelerator(node)
         if key not in compute:
             compute[key] = step_seconds(acc, flops_step, calibration_key(shape, cfg.batch_size, cfg.width, cfg.amp), cfg.amp)
-        real = emulated_run(path, ropts, compute[key][0], cfg.steps, cell_dir)
+        real = emulated_run(src, ropts, compute[key][0], cfg.steps, cell_dir)
         profile = {"node_kind": "emulated", "accelerator": asdict(acc)}
     step_s, how = compute[key]
     return {"compute_only": {"step_s": step_s, "samples_per_s": cfg.batch_size / step_s, "how": how},

@@ -7,6 +7,8 @@ import html
 from datetime import datetime, timezone
 from pathlib import Path
 
+from converters.redact import redact
+
 from .cost import CATALOG, load_catalog, project, recommend
 from .matrix import load_results
 
@@ -35,10 +37,26 @@ def _hours(samples: int, epochs: int, rate: float | None) -> str:
     return f"{h * 60:.0f} min" if h < 1 else f"{h:.1f} h"
 
 
+def _failed(records, cells):
+    """Failed cells, the last failure of each, unless a repeat of the cell was measured."""
+    failed = {}
+    for r in records:
+        key = (r["store"], r.get("node"), r.get("framework"))
+        if r["kind"] == "error" and key not in cells:
+            failed[key] = r
+    return failed
+
+
+def _failure_line(rec: dict) -> str:
+    return redact(f"{rec['store']} x {rec.get('node') or '-'} {rec.get('framework') or '-'} "
+                  f"({rec.get('stage', '?')}): {rec['error']}")
+
+
 def build(out: str, *, target_samples: int = 650_000, target_epochs: int = 5, catalog: Path = CATALOG) -> dict:
     records = load_results(out)
     cells = _cells(records)
     errors = [r for r in records if r["kind"] == "error"]
+    failed = _failed(records, cells)
     stores = [s for s in STORE_ORDER if any(k[0] == s for k in cells)]
     nodes = list(dict.fromkeys(k[1] for k in cells))
     frameworks = list(dict.fromkeys(k[2] for k in cells))
@@ -47,29 +65,41 @@ def build(out: str, *, target_samples: int = 650_000, target_epochs: int = 5, ca
                    for s in stores}
     rec = recommend(projections)
     outdir = Path(out)
-    _write_csv(outdir / "results.csv", cells.values())
-    md = _markdown(cells, stores, nodes, frameworks, projections, rec, notes, errors, target_samples, target_epochs)
+    _write_csv(outdir / "results.csv", cells.values(), failed.values())
+    if cells:
+        md = _markdown(cells, stores, nodes, frameworks, projections, rec, notes, errors, target_samples, target_epochs)
+    else:
+        md = _markdown_nothing_measured(records, errors)
     (outdir / "report.md").write_text(md)
     (outdir / "report.html").write_text(_html(md, cells, stores, nodes, frameworks))
     return {"report_md": str(outdir / "report.md"), "report_html": str(outdir / "report.html"),
             "results_csv": str(outdir / "results.csv"), "cells": len(cells), "errors": len(errors),
+            "failed_cells": len(failed), "first_error": _failure_line(errors[0]) if errors else None,
             "recommendation": rec}
 
 
-def _write_csv(path: Path, cells) -> None:
-    cols = ["store", "node", "framework", "node_kind", "compute_only_samples_per_s", "compute_how",
-            "ingest_only_samples_per_s", "samples_per_s", "mb_per_s", "stall_fraction", "au",
-            "cpu_percent_mean", "rss_mb_max", "bottleneck", "advice"]
+CSV_COLUMNS = ["store", "node", "framework", "node_kind", "compute_only_samples_per_s", "compute_how",
+               "ingest_only_samples_per_s", "samples_per_s", "mb_per_s", "stall_fraction", "au",
+               "cpu_percent_mean", "rss_mb_max", "bottleneck", "advice", "failed_stage", "error"]
+
+
+def _write_csv(path: Path, cells, failed) -> None:
+    """One row per measured cell, then one per failed cell (its stage and error, no measures)."""
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(cols)
+        w.writerow(CSV_COLUMNS)
         for c in cells:
             u = c["real"].get("utilization", {})
             w.writerow([c["store"], c["node"], c["framework"], c.get("node_kind"), c["compute_only"]["samples_per_s"],
                         c["compute_only"]["how"], c["ingest_only"]["samples_per_s"], c["real"]["samples_per_s"],
                         c["real"]["mb_per_s"], c["real"]["stall_fraction"], c["real"]["au"],
                         u.get("cpu_percent_mean"), u.get("rss_mb_max"), c["verdict"]["bottleneck"],
-                        c["verdict"]["advice"]])
+                        c["verdict"]["advice"], "", ""])
+        for e in failed:
+            row = dict.fromkeys(CSV_COLUMNS, "")
+            row.update(store=e["store"], node=e.get("node") or "", framework=e.get("framework") or "",
+                       failed_stage=e.get("stage", ""), error=redact(e["error"]))
+            w.writerow(row.values())
 
 
 def _markdown(cells, stores, nodes, frameworks, projections, rec, notes, errors, target, epochs) -> str:
@@ -144,9 +174,29 @@ def _markdown(cells, stores, nodes, frameworks, projections, rec, notes, errors,
               "price get a time but no cost.", ""]
     if notes:
         lines += ["Catalog notes:", ""] + [f"- {n}" for n in notes] + [""]
-    if errors:
-        lines += ["## Cells that failed", ""] + [f"- {e.get('store')} / {e.get('node', '-')}: {e['error']}" for e in errors]
+    lines += _failures_section(errors)
     return "\n".join(lines) + "\n"
+
+
+def _failures_section(errors) -> list[str]:
+    if not errors:
+        return []
+    lines = ["## Cells that failed", "", "| store | node | fw | repeat | stage | error |", "|---|---|---|---|---|---|"]
+    for e in errors:
+        message = redact(e["error"]).replace("|", "\\|").replace("\n", " ")
+        lines.append(f"| {e['store']} | {e.get('node') or '-'} | {e.get('framework') or '-'} | "
+                     f"{e.get('repeat', '-')} | {e.get('stage', '-')} | {message} |")
+    return lines + [""]
+
+
+def _markdown_nothing_measured(records, errors) -> str:
+    env = next((r["env"] for r in records if r.get("env")), None)
+    machine = f" · machine: {env['cores']} vCPUs, {env['ram_gb']} GB RAM, GPU: {env['gpu'] or 'none'}" if env else ""
+    lines = ["# Storage A/B report", "",
+             f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC{machine}", "",
+             f"**No cell was measured**: all {len(errors)} failed, so there is nothing to compare or project. "
+             "Each failure and its reason:", ""]
+    return "\n".join(lines + _failures_section(errors))
 
 
 # ------------------------------------------------------------------ HTML and SVG
@@ -241,7 +291,7 @@ def _md_to_html(md: str) -> str:
     def flush():
         if table:
             head, *body = [r for r in table if not re.fullmatch(r"\|[-| ]+\|", r)]
-            cells = lambda r: [c.strip() for c in r.strip("|").split("|")]  # noqa: E731
+            cells = lambda r: [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", r.strip("|"))]  # noqa: E731
             out.append("<table><thead><tr>" + "".join(f"<th>{inline(c)}</th>" for c in cells(head)) + "</tr></thead><tbody>"
                        + "".join("<tr>" + "".join(f"<td>{inline(c)}</td>" for c in cells(r)) + "</tr>" for r in body)
                        + "</tbody></table>")
@@ -273,7 +323,8 @@ def _html(md: str, cells, stores, nodes, frameworks) -> str:
         charts.append(_timeline(cells, fw))
     body = _md_to_html(md)
     split = body.find("<h2>Why")
-    body = body[:split] + '<h2>Charts</h2><div class="charts">' + "".join(charts) + "</div>" + body[split:]
+    if split >= 0:
+        body = body[:split] + '<h2>Charts</h2><div class="charts">' + "".join(charts) + "</div>" + body[split:]
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>trainfeed storage A/B report</title>
 <style>

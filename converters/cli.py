@@ -1,7 +1,6 @@
 """`convert SRC DST --to parquet|delta|hdf5`: the command line around converters.convert."""
 from __future__ import annotations
 
-import json
 import os
 import sys
 from contextlib import contextmanager
@@ -14,6 +13,7 @@ from .convert import ConvertConfig, convert
 from .errors import TrainfeedError, UsageError
 from .options import DEFAULT_COMPRESSION, WriteOptions, parse_size
 from .progress import progress_bar
+from .redact import redact, redact_json, register_environment, register_storage_options
 from .sources import ImageOptions
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
@@ -49,15 +49,24 @@ class ImageStorage(str, Enum):
 @contextmanager
 def exit_codes(interrupted: str = "interrupted") -> Iterator[None]:
     """The CLI error contract: a TrainfeedError prints its message (no traceback) and exits 1
-    or 2; Ctrl-C exits 130."""
+    or 2; Ctrl-C exits 130. Every message is redacted (no credential is ever printed)."""
+    register_environment()
     try:
         yield
     except TrainfeedError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(redact(f"error: {exc}"), err=True)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         typer.echo(interrupted, err=True)
         raise typer.Exit(130) from None
+    except (typer.Exit, SystemExit):
+        raise
+    except Exception as exc:  # a bug or an unforeseen library error: still no secret, no traceback
+        if os.environ.get("TRAINFEED_DEBUG"):
+            raise
+        typer.echo(redact(f"error: unexpected {type(exc).__name__}: {exc} (TRAINFEED_DEBUG=1 shows the traceback)"),
+                   err=True)
+        raise typer.Exit(1) from None
 
 
 def parse_storage_options(pairs: list[str]) -> dict[str, str]:
@@ -68,6 +77,7 @@ def parse_storage_options(pairs: list[str]) -> dict[str, str]:
             raise UsageError(f"--storage-option expects KEY=VALUE, got {pair!r}")
         # fsspec backends take real booleans (anon=false must not be the truthy string "false")
         out[key.strip()] = {"true": True, "false": False}.get(value.strip().lower(), value)
+    register_storage_options(out)
     return out
 
 
@@ -106,6 +116,9 @@ def _human_summary(s: dict) -> str:
 @app.command(help="Repack a folder of small sample files (.npy, .npz, JPEG/PNG; local path or fsspec URL "
                   "such as abfs://container/path) into one compacted Parquet, Delta Lake or HDF5 store. "
                   "The store appears at DST only when complete; nothing is left behind on failure. "
+                  "Only a store trainfeed wrote is ever replaced or appended to; SRC and DST must not overlap. "
+                  "One run at a time per DST: a second run on the same DST fails at once (lock file "
+                  ".DST.trainfeed-lock beside it). "
                   "Exit codes: 0 ok, 1 data or runtime error, 2 usage error.")
 def main_command(
     src: str = typer.Argument(..., help="Source folder: local path or fsspec URL (abfs://, az://, s3://, gs://)."),
@@ -120,8 +133,9 @@ def main_command(
                                          "(e.g. 64x64). Default: keep the original size."),
     image_storage: ImageStorage = typer.Option(ImageStorage.encoded, "--image-storage",
                                                help="encoded: keep JPEG/PNG bytes (small store, decode at read time). "
-                                                    "decoded: store uint8 pixel arrays (larger store, no decode cost "
-                                                    "when training)."),
+                                                    "decoded: store pixel arrays, uint8 (uint16 for 16-bit greyscale "
+                                                    "PNGs, with --image-mode L) (larger store, no decode cost when "
+                                                    "training)."),
     image_mode: str = typer.Option("RGB", "--image-mode", help="PIL mode images are converted to when decoded or "
                                    "resized: RGB or L (grayscale)."),
     target_file_size: str = typer.Option("128MB", "--target-file-size", help="Approximate size of each output file "
@@ -131,17 +145,26 @@ def main_command(
     tensor_column: TensorColumn = typer.Option(TensorColumn.binary, "--tensor-column", help="parquet/delta: how a "
                                                "tensor is stored. binary: its little-endian bytes (fastest to write "
                                                "and read). list: an array of numbers (what Spark and DuckDB show as "
-                                               "arrays; about 2-3x slower to read)."),
+                                               "arrays; about 2-3x slower to read; not for float16)."),
     compression: Optional[str] = typer.Option(None, "--compression", help="parquet/delta: none, snappy, zstd, lz4, "
                                               "gzip, brotli. hdf5: none, lzf, gzip. Default none: float tensors "
                                               "and JPEG bytes hardly compress and a codec costs throughput; "
                                               "use zstd for data that does (masks, integer CT, pixels)."),
-    compression_level: Optional[int] = typer.Option(None, "--compression-level", help="Codec level (zstd, gzip, brotli)."),
+    compression_level: Optional[int] = typer.Option(None, "--compression-level", help="Codec level. parquet/delta: "
+                                                    "zstd 1-22, gzip 1-9, brotli 0-11. hdf5: gzip 0-9. "
+                                                    "none, snappy, lz4 and lzf take no level."),
     hdf5_chunk_size: str = typer.Option("1MB", "--hdf5-chunk-size", help="Approximate HDF5 chunk size; chunks span "
                                         "whole samples along the first axis."),
-    mode: Mode = typer.Option(Mode.create, "--mode", help="create: refuse an existing DST. overwrite: replace it "
-                              "atomically. append: add to an existing Delta table."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Same as --mode overwrite."),
+    mode: Mode = typer.Option(Mode.create, "--mode", help="create: refuse an existing DST. overwrite: replace, "
+                              "atomically, a store trainfeed wrote (or an empty folder); anything else at DST is "
+                              "refused and left untouched. append: add, in one commit, to a Delta table trainfeed "
+                              "wrote (or create it where DST does not exist): the fields and the kind of labels "
+                              "must match; a class the table knows keeps its number, a new class gets the next "
+                              "free number; ids already in the table are rejected (--on-error decides whether "
+                              "that stops the run), and an id another writer added meanwhile fails the run with "
+                              "nothing appended."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Same as --mode overwrite: replaces only a store "
+                                   "trainfeed wrote, or an empty folder."),
     workers: int = typer.Option(0, "--workers", help="Parallel readers/decoders. 0 = auto: one per CPU core for a "
                                 "local source, 16 for a remote one (reads there wait on the network)."),
     on_error: OnError = typer.Option(OnError.fail, "--on-error", help="fail: stop at the first bad file and write "
@@ -151,10 +174,14 @@ def main_command(
                                 "source before publishing it; exit 1 on any difference."),
     optimize: bool = typer.Option(False, "--optimize", help="delta: compact small files (OPTIMIZE) after writing."),
     vacuum_hours: Optional[int] = typer.Option(None, "--vacuum-hours", help="delta: delete files unreferenced for "
-                                               "this many hours (0 drops time travel to older versions)."),
+                                               "this many hours, 0 or more (0 drops time travel to older "
+                                               "versions)."),
     storage_option: List[str] = typer.Option([], "--storage-option", help="KEY=VALUE passed to fsspec for SRC and "
                                              "--labels (e.g. account_name=..., connection_string=...). "
-                                             "Repeatable. Credentials also come from the usual environment variables."),
+                                             "Repeatable. Credentials also come from the usual environment variables. "
+                                             "call_timeout=SECONDS is trainfeed's own: the longest one call to a "
+                                             "remote store (folder check, one file's read, the labels file) may "
+                                             "take, retries included (default 30; 0: no limit)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the results instead of the summary."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
 ) -> None:
@@ -182,7 +209,7 @@ def main_command(
             raise UsageError(f"--image-mode must be RGB or L, not {image_mode!r}")
         with progress_bar(enabled=progress, label=f"convert -> {to.value}") as bar:
             summary = convert(cfg, progress=bar.update, on_listed=bar.start)
-    typer.echo(json.dumps(summary) if as_json else _human_summary(summary))
+    typer.echo(redact_json(summary) if as_json else redact(_human_summary(summary)))
 
 
 def main() -> None:

@@ -1,22 +1,23 @@
 """convert(): list, decode, validate and write a small-file dataset as one compacted store."""
 from __future__ import annotations
 
-import json
 import os
 import time
+import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
 from . import delta
-from .commit import Staging
+from .commit import DestinationLock, Staging
 from .errors import SampleError, TrainfeedError, UsageError
 from .labels import Labels, resolve_labels
 from .layout import DatasetSchema
-from .options import COMPRESSIONS, WriteOptions
+from .options import WriteOptions, WriteResult, check_compression
+from .redact import redact_json, redact_url
 from .samples import SchemaGuard, load_sample, ordered_map
 from .sources import ImageOptions, Sample, list_source
-from .stores import FORMATS, detect_format
+from .stores import FORMATS, identify
 from .verify import verify_store
 
 ON_ERROR = ("fail", "skip")
@@ -48,33 +49,114 @@ def check_config(cfg: ConvertConfig) -> None:
         raise UsageError(f"--to must be one of {', '.join(FORMATS)}, not {cfg.fmt!r}")
     if cfg.on_error not in ON_ERROR:
         raise UsageError(f"--on-error must be 'fail' or 'skip', not {cfg.on_error!r}")
-    if cfg.write.compression not in COMPRESSIONS[cfg.fmt]:
-        raise UsageError(f"--compression {cfg.write.compression!r} is not available for {cfg.fmt} "
-                         f"(choose from {', '.join(COMPRESSIONS[cfg.fmt])})")
+    check_compression(cfg.fmt, cfg.write.compression, cfg.write.compression_level)
     if cfg.write.mode == "append" and cfg.fmt != "delta":
         raise UsageError("--mode append works only with --to delta (Delta commits make appends atomic)")
     if (cfg.optimize or cfg.vacuum_hours is not None) and cfg.fmt != "delta":
         raise UsageError("--optimize and --vacuum-hours apply to --to delta only")
+    if cfg.vacuum_hours is not None and cfg.vacuum_hours < 0:
+        raise UsageError(f"--vacuum-hours must be 0 or more, not {cfg.vacuum_hours}")
     if cfg.workers < 1:
         raise UsageError("--workers must be at least 1")
     if "://" in cfg.dst and not cfg.dst.startswith("file://"):
         raise UsageError(f"{cfg.dst}: remote destinations are not supported yet; write locally and upload the store")
 
 
-def _check_destination(cfg: ConvertConfig, dst: Path) -> str | None:
-    """Refuse to touch what must not be touched. Returns the existing store's format, if any."""
-    if not (dst.exists() or dst.is_symlink()):
-        return None
-    existing = detect_format(dst)
-    if cfg.write.mode == "create":
-        extra = " or --mode append" if existing == "delta" else ""
+def destination_path(dst: str) -> Path:
+    """DST as a real absolute path (``file://`` dropped, symlinks and ``..`` resolved): one store,
+    one lock, whatever name it is reached by."""
+    return Path(os.path.realpath(dst.removeprefix("file://")))
+
+
+def check_apart(src: str, dst: Path) -> None:
+    """Usage error if a local SRC and DST overlap: writing the store would replace or alter
+    the files it is made from."""
+    if "://" in src and not src.startswith("file://"):
+        return
+    source = Path(os.path.realpath(src.removeprefix("file://")))
+    if source == dst:
+        raise UsageError(f"{dst}: is the source folder itself; write the store somewhere else")
+    if source in dst.parents:
+        raise UsageError(f"{dst}: is inside the source folder {source}; write the store outside it")
+    if dst in source.parents:
+        raise UsageError(f"{dst}: holds the source folder {source}, which writing here would replace; "
+                         "write the store somewhere else")
+
+
+def check_destination(dst: Path, mode: str) -> str | None:
+    """Refuse to touch what must not be touched: only a store trainfeed wrote (or an empty
+    folder) is replaced, only a Delta table trainfeed wrote (or nothing) is appended to.
+    Returns the format of the trainfeed store at ``dst``, if any."""
+    found = identify(dst)
+    if found is None:
+        return None  # append to nothing creates the table
+    if mode == "append":
+        if found.fmt != "delta":
+            raise TrainfeedError(f"{dst}: --mode append adds to a Delta table written by trainfeed; found {found.what}")
+        return found.fmt
+    if mode == "create":
+        if not found.replaceable:
+            raise TrainfeedError(f"{dst}: destination already exists ({found.what}); leaving it untouched")
+        extra = " or --mode append" if found.fmt == "delta" else ""
         raise TrainfeedError(f"{dst}: destination already exists; pass --overwrite{extra} to replace it")
-    empty_dir = dst.is_dir() and not any(dst.iterdir())
-    if existing is None and not empty_dir:
-        raise TrainfeedError(f"{dst}: exists and is not a trainfeed store; refusing to replace it")
-    if cfg.write.mode == "append" and existing != "delta":
-        raise TrainfeedError(f"{dst}: --mode append needs an existing Delta table here, found {existing or 'an empty folder'}")
-    return existing
+    if not found.replaceable:
+        raise TrainfeedError(f"{dst}: {found.what}; refusing to replace it (--overwrite replaces only a store "
+                             "written by trainfeed, or an empty folder)")
+    return found.fmt
+
+
+def _make_parent(dst: Path) -> None:
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((p for p in reversed(dst.parents) if p.exists() and not p.is_dir()), None)
+        if blocker is None:
+            raise
+        raise TrainfeedError(f"{dst}: cannot be created: {blocker} is a file, not a folder") from None
+
+
+def _write_error(dst: Path, exc: OSError) -> TrainfeedError:
+    """A filesystem error while writing DST, named by DST (not by a hidden staging file) and
+    its cause: "no space left on device", "read-only file system", ..."""
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    return TrainfeedError(f"{dst}: cannot write: {reason[:1].lower()}{reason[1:]}")
+
+
+def _kind_of_labels(labeled: bool, label_map: dict | None) -> str:
+    return "class-name labels" if label_map else "integer labels" if labeled else "no labels"
+
+
+def _labels_for_append(dst: Path, table: DatasetSchema, labels: Labels) -> Labels:
+    """The new samples' labels in the table's numbering: a class the table knows keeps its
+    number, a new class gets the next free one. Samples with and without labels, or with
+    class names and with integer labels, never mix in one table."""
+    new, old = _kind_of_labels(labels.by_id is not None, labels.label_map), _kind_of_labels(table.labeled, table.label_map)
+    if new != old:
+        raise TrainfeedError(f"{dst}: cannot append samples with {new} to a table with {old}")
+    if not labels.label_map:
+        return labels
+    merged = dict(table.label_map)
+    for name in sorted(set(labels.label_map) - set(merged)):
+        merged[name] = max(merged.values()) + 1
+    renumber = {i: merged[name] for name, i in labels.label_map.items()}
+    return replace(labels, by_id={sid: renumber[i] for sid, i in labels.by_id.items()}, label_map=merged)
+
+
+@dataclass
+class _Table:
+    """The Delta table at DST as this run found it."""
+
+    version: int
+    schema: DatasetSchema
+    tensor_column: str
+
+
+def _existing_table(dst: Path) -> _Table:
+    try:
+        version = delta.open_table(dst).version()
+        return _Table(version, delta.read_schema(dst, version), delta.tensor_column(dst))
+    except ValueError as exc:
+        raise TrainfeedError(f"{dst}: cannot read the existing table: {exc}") from exc
 
 
 class _Stream:
@@ -115,6 +197,8 @@ class _Stream:
                     yield result
             elif isinstance(result, SampleError):
                 self._reject(result, src.id)
+            elif isinstance(result, OSError):  # a source problem, never to be taken for DST's
+                raise TrainfeedError(f"{src.path}: cannot read: {result}") from result
             else:
                 raise result
             if self.progress:
@@ -138,24 +222,13 @@ class _Stream:
 
     def schema(self, labels: Labels) -> DatasetSchema:
         return DatasetSchema(fields=list(self.guard.specs), labeled=labels.by_id is not None,
-                             label_map=labels.label_map, source=redact_url(self.cfg.src))
+                             label_map=labels.label_map, source=source_location(self.cfg.src))
 
 
-def redact_url(url: str) -> str:
-    """Drop query strings (SAS tokens) and user info from a URL before it is stored anywhere."""
-    if "://" not in url:
-        return os.path.abspath(url)
-    scheme, rest = url.split("://", 1)
-    rest = rest.split("?", 1)[0]
-    host, _, path = rest.partition("/")
-    return f"{scheme}://{host.rsplit('@', 1)[-1]}/{path}"
-
-
-def _existing_delta_ids(dst: Path) -> set[str]:
-    import pyarrow.dataset as ds
-
-    files = delta.data_files(dst)
-    return set(ds.dataset(files, format="parquet").to_table(columns=["id"]).column("id").to_pylist()) if files else set()
+def source_location(url: str) -> str:
+    """Where a store's samples came from, as recorded in the store: an absolute local path, or
+    the URL without its query string (SAS tokens) and user info."""
+    return os.path.abspath(url) if "://" not in url else redact_url(url)
 
 
 def write_rejects_report(dst: Path, rejects: list[dict]) -> str | None:
@@ -164,9 +237,33 @@ def write_rejects_report(dst: Path, rejects: list[dict]) -> str | None:
         report.unlink(missing_ok=True)
         return None
     tmp = report.with_name(report.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rejects))
+    tmp.write_text("".join(redact_json(r) + "\n" for r in rejects))
     os.replace(tmp, report)
     return str(report)
+
+
+def _commit_to_table(dst: Path, version: int, schema: DatasetSchema, batches: Iterator[list[Sample]],
+                     opts: WriteOptions, check: Callable[[], dict | None]) -> tuple[WriteResult, dict | None]:
+    """Overwrite or append to the Delta table at ``dst`` in one commit (a killed run leaves only
+    unreferenced files); a failed check restores the version the run started from."""
+    result = delta.write(dst, schema, batches, opts, since_version=version)
+    try:
+        return result, check()
+    except Exception:
+        delta.restore(dst, version)
+        raise
+
+
+def _publish_staged(dst: Path, cfg: ConvertConfig, schema: DatasetSchema, batches: Iterator[list[Sample]],
+                    check: Callable[[Path, bool], dict | None]) -> tuple[WriteResult, dict | None]:
+    """Write a new store beside ``dst``, check it, then publish it there (see commit.Staging)."""
+    with Staging(dst, overwrite=cfg.write.mode == "overwrite") as staging:
+        # a new store in the staging folder: "create", whatever --mode said of the destination
+        result = FORMATS[cfg.fmt].write(staging.path, schema, batches, replace(cfg.write, mode="create"))
+        verified = check(staging.path, True)
+        staging.commit()
+    result.files = [f.replace(str(staging.path), str(dst), 1) for f in result.files]
+    return result, verified
 
 
 def convert(cfg: ConvertConfig, progress: ProgressFn | None = None,
@@ -174,11 +271,23 @@ def convert(cfg: ConvertConfig, progress: ProgressFn | None = None,
     """Convert ``cfg.src`` into a ``cfg.fmt`` store at ``cfg.dst``; returns the run summary.
 
     Nothing becomes visible at ``cfg.dst`` unless the whole store (and, with ``verify``, its
-    check against the source) succeeded; an existing store is replaced atomically."""
+    check against the source) succeeded; an existing trainfeed store is replaced atomically,
+    and nothing else ever is. One run at a time writes a destination (DestinationLock)."""
     check_config(cfg)
     t0 = time.perf_counter()
-    dst = Path(cfg.dst.removeprefix("file://")).absolute()
-    existing = _check_destination(cfg, dst)
+    dst = destination_path(cfg.dst)
+    check_apart(cfg.src, dst)
+    try:
+        _make_parent(dst)
+        with DestinationLock(dst):
+            return _convert(cfg, dst, t0, progress, on_listed)
+    except OSError as exc:  # source errors arrive as TrainfeedErrors: this is DST's filesystem
+        raise _write_error(dst, exc) from exc
+
+
+def _convert(cfg: ConvertConfig, dst: Path, t0: float, progress: ProgressFn | None,
+             on_listed: Callable[[int, int], None] | None) -> dict:
+    existing = check_destination(dst, cfg.write.mode)
     fs, listing = list_source(cfg.src, cfg.storage_options)
     labels = resolve_labels(listing.files, labels_csv=cfg.labels_csv, folder_labels=cfg.folder_labels,
                             storage_options=cfg.storage_options)
@@ -188,41 +297,31 @@ def convert(cfg: ConvertConfig, progress: ProgressFn | None = None,
                              f"({len(labels.missing)} files without a label; --on-error skip converts the rest)")
     if on_listed:
         on_listed(len(listing.files), sum(f.size for f in listing.files))
-    in_place = cfg.fmt == "delta" and existing == "delta"
-    stream = _Stream(cfg, fs, listing, labels, progress,
-                     _existing_delta_ids(dst) if in_place and cfg.write.mode == "append" else None)
+    # Delta overwrites and appends are commits to the table in place; the rest is staged.
+    table = _existing_table(dst) if cfg.fmt == "delta" and existing == "delta" else None
+    appending = table is not None and cfg.write.mode == "append"
+    if appending:
+        labels = _labels_for_append(dst, table.schema, labels)
+        cfg.write = replace(cfg.write, tensor_column=table.tensor_column)
+    stream = _Stream(cfg, fs, listing, labels, progress, delta.live_ids(dst, table.version) if appending else None)
     first = stream.first()
     schema = stream.schema(labels)
-    if in_place and cfg.write.mode == "append":
-        cfg.write = replace(cfg.write, tensor_column=delta.tensor_column(dst))
-        current = delta.read_schema(dst)
-        if not current.same_content_as(schema):
-            raise TrainfeedError(f"{dst}: cannot append: table fields {[f.to_dict() for f in current.fields]} "
-                                 f"differ from the new samples' {[f.to_dict() for f in schema.fields]}")
-    writer = FORMATS[cfg.fmt].write
-    rows = cfg.write.rows_per_group(first.nbytes)
-    verified = None
-    if in_place:
-        # Delta's log makes the write atomic: a killed run leaves only unreferenced files.
-        before = delta.open_table(dst).version()
-        result = writer(dst, schema, stream.batches(first, rows), cfg.write)
-        if cfg.verify:
-            try:
-                verified = verify_store(dst, cfg.fmt, fs=fs, listing=listing, labels=labels, image_opts=cfg.image,
-                                        expected_ids=stream.accepted, exact=cfg.write.mode != "append", workers=cfg.workers)
-            except Exception:
-                delta.open_table(dst).restore(before)
-                raise
+    # A new store gets a new identity; a Delta table keeps its own across commits.
+    schema.store_id = (table.schema.store_id if table else None) or uuid.uuid4().hex
+    if appending and table.schema.fields != schema.fields:
+        raise TrainfeedError(f"{dst}: cannot append: table fields {[f.to_dict() for f in table.schema.fields]} "
+                             f"differ from the new samples' {[f.to_dict() for f in schema.fields]}")
+    batches = stream.batches(first, cfg.write.rows_per_group(first.nbytes))
+
+    def check(path: Path, exact: bool) -> dict | None:  # --verify: the written store against its source
+        return verify_store(path, cfg.fmt, fs=fs, listing=listing, labels=labels, image_opts=cfg.image,
+                            expected_ids=stream.accepted, exact=exact, workers=cfg.workers) if cfg.verify else None
+
+    if table is not None:
+        result, verified = _commit_to_table(dst, table.version, schema, batches, cfg.write,
+                                            lambda: check(dst, not appending))
     else:
-        with Staging(dst) as staging:
-            target = staging.path
-            # a new store in the staging folder: "create", whatever --mode said of the destination
-            result = writer(target, schema, stream.batches(first, rows), replace(cfg.write, mode="create"))
-            if cfg.verify:
-                verified = verify_store(target, cfg.fmt, fs=fs, listing=listing, labels=labels, image_opts=cfg.image,
-                                        expected_ids=stream.accepted, exact=True, workers=cfg.workers)
-            staging.commit()
-        result.files = [f.replace(str(target), str(dst), 1) for f in result.files]
+        result, verified = _publish_staged(dst, cfg, schema, batches, check)
     details = dict(result.details)
     if cfg.optimize:
         details["optimize"] = delta.optimize(dst, target_size=cfg.write.target_file_size, opts=cfg.write)
@@ -237,7 +336,7 @@ def convert(cfg: ConvertConfig, progress: ProgressFn | None = None,
     return {
         "format": cfg.fmt,
         "output": str(dst),
-        "source": redact_url(cfg.src),
+        "source": source_location(cfg.src),
         "mode": cfg.write.mode,
         "samples": len(stream.accepted),
         "rejected": len(stream.rejects),
@@ -256,6 +355,7 @@ def convert(cfg: ConvertConfig, progress: ProgressFn | None = None,
         "labels_unmatched": len(labels.unmatched),
         "ignored_files": len(listing.ignored),
         "fields": [f.to_dict() for f in schema.fields],
+        "store_id": schema.store_id,
         "verified": verified,
         **details,
     }

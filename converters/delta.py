@@ -1,24 +1,28 @@
 """Delta Lake store through delta-rs: the Parquet layout, committed atomically by the Delta log.
 
 Tensor-field specs live in the table schema's field metadata (Delta keeps it); each commit
-carries the whole dataset schema as custom commit metadata under ``trainfeed``. Readers
-must take the live file list from the log (``file_uris()``), never the folder listing: after
-OPTIMIZE the folder still holds the replaced files until VACUUM.
+trainfeed makes (writes, OPTIMIZE, VACUUM, restores) carries the whole dataset schema as
+custom commit metadata under ``trainfeed``: that is trainfeed's mark on a table, and where the
+label map, source and ``store_id`` of each version are read from (an append that brings new
+classes cannot change the table schema's field metadata). Readers must take the live file
+list from the log (``file_uris()``), never the folder listing: after OPTIMIZE the folder
+still holds the replaced files until VACUUM.
 """
 from __future__ import annotations
 
 import json
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import pyarrow as pa
 from deltalake import ColumnProperties, CommitProperties, DeltaTable, Schema, WriterProperties
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, create_table_with_add_actions
 
+from .errors import TrainfeedError
 from .layout import DATASET_META, ID, LABEL, DatasetSchema, arrow_schema, from_record_batch, schema_from_arrow
-from .parquet import Part, write_parts
+from .parquet import Part, checked_schema, write_parts
 from .options import WriteOptions, WriteResult
 from .sources import Sample
 
@@ -46,34 +50,135 @@ def open_table(path, version: int | None = None, storage_options: dict[str, str]
         return DeltaTable(str(path), version=version, storage_options=storage_options)
     except TableNotFoundError as exc:
         raise ValueError(f"{path}: not a Delta table") from exc
+    except DeltaError as exc:  # a corrupt or truncated log; delta-rs appends a backtrace
+        raise ValueError(f"{path}/_delta_log: cannot read the Delta log: {str(exc).splitlines()[0]}") from exc
+
+
+def _commit_history(table: DeltaTable) -> list[dict]:
+    try:
+        return table.history()
+    except DeltaError as exc:
+        raise ValueError(f"{_location(table)}/_delta_log: cannot read the commit history: "
+                         f"{str(exc).splitlines()[0]}") from exc
+
+
+def written_by_trainfeed(path) -> bool:
+    """Whether the table's commit history carries trainfeed's commit metadata. ValueError if
+    its log cannot be read."""
+    return _marked(open_table(path))
+
+
+def _marked(table: DeltaTable) -> bool:
+    return any(DATASET_META in commit for commit in _commit_history(table))
+
+
+def recorded_schema(path, version: int, storage_options: dict[str, str] | None = None) -> DatasetSchema | None:
+    """The dataset schema trainfeed recorded with the newest of its commits up to ``version``;
+    None for a table trainfeed never committed to."""
+    # The history of the latest table: a table opened at an older version numbers the
+    # newest commits as if they were its own (delta-rs 1.x).
+    for commit in _commit_history(open_table(path, storage_options=storage_options)):  # newest first
+        if DATASET_META in commit and commit.get("version", -1) <= version:
+            where = f"{path}/_delta_log: commit {commit.get('version')}"
+            try:
+                recorded = json.loads(commit[DATASET_META])
+            except (TypeError, json.JSONDecodeError) as exc:
+                raise ValueError(f"{where}: metadata {DATASET_META!r} is not valid JSON ({exc})") from exc
+            return checked_schema(recorded, where)
+    return None
+
+
+def _location(table: DeltaTable) -> str:
+    return table.table_uri.removeprefix("file://").rstrip("/")
+
+
+def _commit_properties(schema: DatasetSchema) -> CommitProperties:
+    return CommitProperties(custom_metadata={DATASET_META: schema.to_json()})
 
 
 def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
-          *, storage_options: dict[str, str] | None = None) -> WriteResult:
+          *, storage_options: dict[str, str] | None = None, since_version: int | None = None) -> WriteResult:
     """Write Parquet parts (the same fast writer as ``--to parquet``) into the table folder,
     then commit them in one Delta transaction. ``opts.mode``: create (``path`` is new),
     overwrite (a new version whose live files are these; older versions stay for time travel
-    until VACUUM) or append. Until the commit, the new files are invisible to every reader."""
+    until VACUUM) or append. Until the commit, the new files are invisible to every reader.
+
+    ``since_version``: for overwrite and append, the version the caller checked the table at.
+    Just before committing, the table must still be trainfeed's, and (append) no id written
+    here may have been added by a commit after that version (another writer): TrainfeedError,
+    nothing committed."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     run = uuid.uuid4().hex[:12]
+    written: list[str] = []
     try:
-        parts = write_parts(path, schema, batches, opts, part_name=lambda i: f"part-{i:05d}-{run}-c000.parquet")
+        parts = write_parts(path, schema, _noting_ids(batches, written), opts,
+                            part_name=lambda i: f"part-{i:05d}-{run}-c000.parquet")
         schema.samples = sum(p.rows for p in parts)
         actions = [_add_action(path, p, schema.labeled) for p in parts]
         delta_schema = Schema.from_arrow(arrow_schema(schema, opts.tensor_column))
-        commit = CommitProperties(custom_metadata={DATASET_META: schema.to_json()})
         if opts.mode == "create":
-            create_table_with_add_actions(str(path), delta_schema, actions, mode="error", commit_properties=commit)
+            create_table_with_add_actions(str(path), delta_schema, actions, mode="error",
+                                          commit_properties=_commit_properties(schema))
         else:
-            open_table(path).create_write_transaction(actions, mode=opts.mode, schema=delta_schema,
-                                                      commit_properties=commit)
+            table = open_table(path) if since_version is None else \
+                _recheck(path, since_version, written if opts.mode == "append" else [])
+            table.create_write_transaction(actions, mode=opts.mode, schema=delta_schema,
+                                           commit_properties=_commit_properties(schema))
     except BaseException:
         for orphan in path.glob(f"part-*-{run}-c000.parquet"):  # never referenced by the log
             orphan.unlink(missing_ok=True)
         raise
     table = open_table(path)
     return _result(table, {"version": table.version()})
+
+
+def _noting_ids(batches: Iterable[list[Sample]], ids: list[str]) -> Iterator[list[Sample]]:
+    for batch in batches:
+        ids.extend(s.id for s in batch)
+        yield batch
+
+
+def _recheck(path: Path, since_version: int, ids: list[str]) -> DeltaTable:
+    """The table to commit to, checked again: still trainfeed's, and none of ``ids`` added
+    by another writer after ``since_version``."""
+    try:
+        table = open_table(path)
+        marked = _marked(table)
+    except ValueError:
+        marked = False
+    if not marked:
+        raise TrainfeedError(f"{path}: is no longer a Delta table written by trainfeed (it changed while this run "
+                             "was writing); nothing committed")
+    if ids and table.version() != since_version:
+        clash = set(ids) & ids_added_since(path, table, since_version)
+        if clash:
+            raise TrainfeedError(f"{path}: cannot append: {len(clash)} of these sample ids were added to the table by "
+                                 f"another writer while this run was writing (e.g. {sorted(clash)[:3]}); "
+                                 "nothing appended")
+    return table
+
+
+def live_ids(path, version: int | None = None) -> set[str]:
+    """Every sample id in the table's snapshot at ``version`` (the latest when None)."""
+    return _ids_in(data_files(path, version))
+
+
+def ids_added_since(path, table: DeltaTable, version: int) -> set[str]:
+    """Ids in ``table``'s live files that were not live at ``version``."""
+    return _ids_in(sorted(set(table.file_uris()) - set(data_files(path, version))))
+
+
+def _ids_in(files: list[str]) -> set[str]:
+    import pyarrow.dataset as ds
+
+    return set(ds.dataset(files, format="parquet").to_table(columns=[ID]).column(ID).to_pylist()) if files else set()
+
+
+def restore(path, version: int) -> None:
+    """Make ``version``'s snapshot the live one again (a new commit, recording its schema)."""
+    schema = read_schema(path, version)
+    open_table(path).restore(version, commit_properties=_commit_properties(schema))
 
 
 def _add_action(folder: Path, part: Part, labeled: bool) -> AddAction:
@@ -103,6 +208,7 @@ def optimize(path, *, target_size: int, opts: WriteOptions, storage_options: dic
     metrics = table.optimize.compact(
         target_size=target_size,
         writer_properties=writer_properties(schema, opts, opts.rows_per_group(max(1, _sample_nbytes(schema)))),
+        commit_properties=_commit_properties(schema),
     )
     return {"files_added": metrics.get("numFilesAdded"), "files_removed": metrics.get("numFilesRemoved")}
 
@@ -110,7 +216,8 @@ def optimize(path, *, target_size: int, opts: WriteOptions, storage_options: dic
 def vacuum(path, *, retention_hours: int, storage_options: dict[str, str] | None = None) -> list[str]:
     """Delete files no longer referenced by versions younger than ``retention_hours``."""
     table = open_table(path, storage_options=storage_options)
-    return table.vacuum(retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False)
+    return table.vacuum(retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False,
+                        commit_properties=_commit_properties(read_schema(path, storage_options=storage_options)))
 
 
 def tensor_column(path, storage_options: dict[str, str] | None = None) -> str:
@@ -125,11 +232,10 @@ def read_schema(path, version: int | None = None, storage_options: dict[str, str
     table = open_table(path, version, storage_options)
     schema = schema_from_arrow(pa.schema(table.schema().to_arrow()))
     schema.samples = sample_count(table)
-    for commit in table.history():  # newest first: provenance of the latest write up to this version
-        if DATASET_META in commit and commit.get("version", -1) <= table.version():
-            recorded = DatasetSchema.from_json(commit[DATASET_META])
-            schema.labeled, schema.source = recorded.labeled, recorded.source
-            break
+    recorded = recorded_schema(path, table.version(), storage_options)
+    if recorded is not None:
+        schema.labeled, schema.label_map = recorded.labeled, recorded.label_map
+        schema.source, schema.store_id = recorded.source, recorded.store_id
     return schema
 
 

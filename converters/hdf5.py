@@ -3,21 +3,26 @@ about the target size plus ``_trainfeed.json``.
 
 Each file holds ``/id`` (UTF-8 strings), ``/label`` (int64; absent when unlabeled) and one
 dataset per tensor field shaped ``(n, *shape)`` in its own dtype, chunked along the sample
-axis; encoded images are variable-length uint8. The root attribute ``trainfeed`` holds the
-dataset schema as JSON.
+axis; encoded images are variable-length uint8. The root attributes ``trainfeed`` (the
+dataset schema as JSON) and ``writer`` mark a file as written by trainfeed.
 """
 from __future__ import annotations
 
+import functools
+import io
 import json
+import signal
+import threading
+from contextlib import suppress
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 import h5py
 import numpy as np
 
-from . import __version__
-from .layout import DATASET_META, ID, LABEL, MANIFEST, DatasetSchema, FieldSpec
+from .layout import DATASET_META, ID, LABEL, DatasetSchema, FieldSpec
 from .options import WriteOptions, WriteResult
+from .parquet import WRITER, checked_schema, read_manifest, write_manifest
 from .sources import Sample
 
 FORMAT = "hdf5"
@@ -33,21 +38,107 @@ def _compression(opts: WriteOptions) -> dict:
     if opts.compression == "none":
         return {}
     if opts.compression == "gzip":
-        return {"compression": "gzip", "compression_opts": opts.compression_level or 4}
+        return {"compression": "gzip", "compression_opts": 4 if opts.compression_level is None else opts.compression_level}
     return {"compression": opts.compression}
+
+
+class _Sink(io.RawIOBase):
+    """The OS file under an h5py.File (h5py's file-object driver). A failed write (a full
+    disk) is not raised inside HDF5, which cannot recover from it (the interpreter then
+    crashes at exit): it is kept in ``error``, later writes are dropped so that the file
+    can still be closed, and ``check()`` raises it. The file is only ever a staging copy,
+    deleted after a failure."""
+
+    def __init__(self, path: Path):
+        self.file = open(path, "w+b", buffering=0)  # noqa: SIM115 - closed by close()
+        self.error: OSError | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self.file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.file.tell()
+
+    def readinto(self, buffer) -> int:
+        return self.file.readinto(buffer)
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        size = view.nbytes
+        try:
+            while self.error is None and view.nbytes:  # a write to a nearly full disk may be partial
+                view = view[self.file.write(view):]
+        except OSError as exc:
+            self.error = exc
+        return size
+
+    def truncate(self, size: int | None = None) -> int:
+        if self.error is None:
+            try:
+                return self.file.truncate(size)
+            except OSError as exc:
+                self.error = exc
+        return self.tell() if size is None else size
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        self.file.close()
+        super().close()
+
+
+F = TypeVar("F", bound=Callable)
+
+
+def _ctrl_c_after(fn: F) -> F:
+    """Run ``fn`` with Ctrl-C held back until it returns. Through the file-object driver HDF5
+    calls Python (``_Sink``); a KeyboardInterrupt raised there leaves HDF5 in a state that
+    crashes the interpreter."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            return fn(*args, **kwargs)  # signals are only handled in the main thread
+        caught: list[int] = []
+        previous = signal.signal(signal.SIGINT, lambda signum, _frame: caught.append(signum))
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            if caught:
+                signal.raise_signal(signal.SIGINT)  # now, with the usual handler
+
+    return wrapper  # type: ignore[return-value]
 
 
 class _File:
     """One HDF5 file being filled; datasets grow along axis 0 as batches arrive."""
 
-    def __init__(self, path: Path, schema: DatasetSchema, opts: WriteOptions):
-        self.h5 = h5py.File(path, "w")
-        self.schema = schema
+    def __init__(self, path: Path, schema: DatasetSchema):
+        self.path, self.schema = path, schema
         self.rows = 0
+        self.sink: _Sink | None = None
+        self.h5: h5py.File | None = None
+
+    @_ctrl_c_after
+    def open(self, opts: WriteOptions) -> None:
+        self.sink = _Sink(self.path)
+        self.h5 = h5py.File(self.sink, "w")
         self.h5.create_dataset(ID, shape=(0,), maxshape=(None,), dtype=h5py.string_dtype("utf-8"), chunks=(4096,))
-        if schema.labeled:
+        if self.schema.labeled:
             self.h5.create_dataset(LABEL, shape=(0,), maxshape=(None,), dtype="int64", chunks=(4096,))
-        for spec in schema.fields:
+        for spec in self.schema.fields:
             self._create(spec, opts)
 
     def _create(self, spec: FieldSpec, opts: WriteOptions) -> None:
@@ -60,6 +151,7 @@ class _File:
         self.h5.create_dataset(spec.name, shape=(0, *spec.shape), maxshape=(None, *spec.shape), dtype=spec.dtype,
                                chunks=(per_chunk, *spec.shape), **_compression(opts))
 
+    @_ctrl_c_after
     def append(self, batch: list[Sample]) -> None:
         n0, n1 = self.rows, self.rows + len(batch)
         columns: dict[str, object] = {ID: np.array([s.id for s in batch], dtype=object)}
@@ -77,12 +169,22 @@ class _File:
             ds = self.h5[name]
             ds.resize(n1, axis=0)
             ds[n0:n1] = values
+        self.sink.check()
         self.rows = n1
 
-    def close(self, schema: DatasetSchema) -> None:
-        self.h5.attrs[DATASET_META] = schema.to_json()
-        self.h5.attrs["writer"] = f"trainfeed {__version__}"
-        self.h5.close()
+    @_ctrl_c_after
+    def close(self, schema: DatasetSchema | None) -> None:
+        """Close the file; with ``schema``, first mark it complete (written by trainfeed)."""
+        try:
+            if schema is not None:
+                self.h5.attrs[DATASET_META] = schema.to_json()
+                self.h5.attrs["writer"] = WRITER
+        finally:
+            for handle in (self.h5, self.sink):
+                if handle is not None:
+                    handle.close()
+        if self.sink is not None:
+            self.sink.check()
 
 
 def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
@@ -100,8 +202,9 @@ def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: Wr
         for batch in batches:
             if current is None:
                 target = path if single else path / SHARD.format(len(shards))
-                current = _File(target, schema, opts)
-                files.append(current)
+                current = _File(target, schema)
+                files.append(current)  # closed whatever happens next
+                current.open(opts)
                 shards.append({"file": target.name, "rows": 0})
                 bytes_in_shard = 0
             current.append(batch)
@@ -110,36 +213,77 @@ def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: Wr
             if not single and bytes_in_shard >= opts.target_file_size:
                 current = None
         schema.samples = sum(s["rows"] for s in shards)
-    finally:
-        for f in files:
-            f.close(schema)
+    except BaseException:
+        with suppress(Exception):  # the first error is the one to report
+            _close_all(files, None)  # an incomplete file gets no trainfeed mark
+        raise
+    _close_all(files, schema)
     if not single:
-        manifest = {"format": FORMAT, "writer": f"trainfeed {__version__}", "schema": schema.to_dict(), "parts": shards}
-        (path / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        write_manifest(path, FORMAT, schema, shards)
     out = [str(path)] if single else [str(path / s["file"]) for s in shards]
     return WriteResult(out, sum(Path(f).stat().st_size for f in out), {"shards": len(out)})
 
 
+def _close_all(files: list[_File], schema: DatasetSchema | None) -> None:
+    """Close every file even when one fails (an HDF5 file left open crashes the interpreter
+    at exit); then raise the first error."""
+    error = None
+    for f in files:
+        try:
+            f.close(schema)
+        except Exception as exc:  # noqa: BLE001 - re-raised below
+            error = error or exc
+    if error is not None:
+        raise error
+
+
 def is_store(path) -> bool:
+    """An HDF5 file, or a folder whose manifest says hdf5 (what a reader should open as HDF5)."""
     path = Path(path)
     if path.is_file():
         return h5py.is_hdf5(path)
-    manifest = path / MANIFEST
-    return manifest.is_file() and json.loads(manifest.read_text()).get("format") == FORMAT
+    try:
+        read_manifest(path, FORMAT)
+    except ValueError:
+        return False
+    return True
+
+
+def written_by_trainfeed(file) -> bool:
+    """Whether an HDF5 file carries trainfeed's root attributes (a file it cannot open does not)."""
+    try:
+        with h5py.File(file, "r") as h5:
+            writer = h5.attrs.get("writer")
+            marked = DATASET_META in h5.attrs
+    except (OSError, ValueError):
+        return False
+    writer = writer.decode(errors="replace") if isinstance(writer, bytes) else writer
+    return marked and isinstance(writer, str) and writer.startswith("trainfeed ")
 
 
 def data_files(path) -> list[str]:
     path = Path(path)
     if path.is_file():
         return [str(path)]
-    manifest = json.loads((path / MANIFEST).read_text())
-    return [str(path / s["file"]) for s in manifest["parts"]]
+    return [str(path / s["file"]) for s in read_manifest(path, FORMAT)["parts"]]
 
 
 def read_schema(path) -> DatasetSchema:
-    with h5py.File(data_files(path)[0], "r") as h5:
-        schema = DatasetSchema.from_json(h5.attrs[DATASET_META])
-    return schema
+    """The dataset schema: the single file's root attribute, or the shards' manifest."""
+    path = Path(path)
+    if not path.is_file():
+        return DatasetSchema.from_dict(read_manifest(path, FORMAT)["schema"])
+    try:
+        with h5py.File(path, "r") as h5:
+            text = h5.attrs.get(DATASET_META)
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot open as HDF5: {exc}") from exc
+    if text is None:
+        raise ValueError(f"{path}: no {DATASET_META!r} root attribute: not an HDF5 store written by trainfeed")
+    try:
+        return checked_schema(json.loads(text), f"{path} (root attribute {DATASET_META!r})")
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: root attribute {DATASET_META!r} is not valid JSON ({exc})") from exc
 
 
 def read_samples(path, batch_rows: int = 256) -> Iterator[tuple[str, int | None, dict]]:

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from .errors import UsageError
+
 LAYOUT_VERSION = 1
 
 ID = "id"
@@ -34,9 +36,10 @@ RAW = "raw"
 IMAGE_BYTES = "image"
 
 #: numpy dtypes that every target (Parquet, Delta, HDF5, Spark, DuckDB) represents exactly.
+#: float16 only as ``binary`` tensors: Parquet and Delta have no half-float array type here.
 SUPPORTED_DTYPES = (
     "bool", "int8", "int16", "int32", "int64",
-    "uint8", "uint16", "uint32", "uint64", "float32", "float64",
+    "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64",
 )
 
 
@@ -84,6 +87,9 @@ class DatasetSchema:
     source: str | None = None
     samples: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Random id given to a store when it is written: identifies its content (checkpoints,
+    #: caches) whatever path it is opened by. None for stores written before it existed.
+    store_id: str | None = None
 
     def field(self, name: str) -> FieldSpec:
         for f in self.fields:
@@ -103,6 +109,7 @@ class DatasetSchema:
             "label_map": self.label_map,
             "source": self.source,
             "samples": self.samples,
+            **({"store_id": self.store_id} if self.store_id else {}),
             **({"extra": self.extra} if self.extra else {}),
         }
 
@@ -121,6 +128,7 @@ class DatasetSchema:
             source=d.get("source"),
             samples=d.get("samples"),
             extra=d.get("extra", {}),
+            store_id=d.get("store_id"),
         )
 
     @classmethod
@@ -141,6 +149,9 @@ TENSOR_COLUMNS = ("binary", "list")
 def _arrow_value_type(spec: FieldSpec, tensor_column: str) -> pa.DataType:
     if not spec.is_raw or tensor_column == "binary":
         return pa.binary()
+    if spec.dtype == "float16":
+        raise UsageError(f"--tensor-column list cannot hold float16 field {spec.name!r} (Parquet and Delta have "
+                         "no half-float array type here); use --tensor-column binary")
     return pa.list_(pa.from_numpy_dtype(np.dtype(spec.dtype)))
 
 

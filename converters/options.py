@@ -17,6 +17,24 @@ COMPRESSIONS = {
     "hdf5": ("none", "lzf", "gzip"),
 }
 DEFAULT_COMPRESSION = {"parquet": "none", "delta": "none", "hdf5": "none"}
+#: (lowest, highest) --compression-level per format and codec; codecs not listed take no level.
+#: Parquet and Delta parts are written by Arrow (gzip 1-9); HDF5's gzip filter takes 0-9.
+_ARROW_LEVELS = {"zstd": (1, 22), "gzip": (1, 9), "brotli": (0, 11)}
+COMPRESSION_LEVELS = {"parquet": _ARROW_LEVELS, "delta": _ARROW_LEVELS, "hdf5": {"gzip": (0, 9)}}
+
+
+def check_compression(fmt: str, codec: str, level: int | None) -> None:
+    """UsageError unless ``codec`` is available for ``fmt`` and takes ``level``."""
+    if codec not in COMPRESSIONS[fmt]:
+        raise UsageError(f"--compression {codec!r} is not available for {fmt} (choose from {', '.join(COMPRESSIONS[fmt])})")
+    if level is None:
+        return
+    levels = COMPRESSION_LEVELS[fmt].get(codec)
+    if levels is None:
+        takes = ", ".join(f"{name} {lo}-{hi}" for name, (lo, hi) in COMPRESSION_LEVELS[fmt].items())
+        raise UsageError(f"--compression-level: --compression {codec} takes no level (levels for {fmt}: {takes})")
+    if not levels[0] <= level <= levels[1]:
+        raise UsageError(f"--compression-level {level}: {codec} levels for {fmt} are {levels[0]} to {levels[1]}")
 
 
 def parse_size(text: str, what: str = "size") -> int:

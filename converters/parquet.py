@@ -1,23 +1,30 @@
 """Parquet store: a folder of ``part-NNNNN.parquet`` files of about the target size, each
-split into row groups of about the row-group size, plus the ``_trainfeed.json`` manifest."""
+split into row groups of about the row-group size, plus the ``_trainfeed.json`` manifest.
+
+The manifest (shared with sharded HDF5 stores) is trainfeed's mark on a store: readers
+validate it, and ``convert --overwrite`` replaces only folders that carry a valid one."""
 from __future__ import annotations
 
 import json
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import __version__
-from .layout import ID, LABEL, MANIFEST, DatasetSchema, arrow_schema, from_record_batch, to_record_batch
+from .layout import (ID, IMAGE_BYTES, LABEL, MANIFEST, RAW, RESERVED, SUPPORTED_DTYPES, DatasetSchema, arrow_schema,
+                     from_record_batch, to_record_batch)
 from .options import WriteOptions, WriteResult
 from .sources import Sample
 
 FORMAT = "parquet"
 PART = "part-{:05d}.parquet"
+WRITER = f"trainfeed {__version__}"
+MANIFEST_FORMATS = ("parquet", "hdf5")
 
 
 def parquet_compression(name: str) -> str:
@@ -92,15 +99,22 @@ def write_parts(folder: Path, schema: DatasetSchema, batches: Iterator[list[Samp
             if pending is not None:
                 pending.result()
                 close_part()
-        finally:
+        except BaseException:
             if pending is not None:
                 pending.cancel()
                 wait([pending])
-            if writer is not None:
-                writer.close()
-            if sink is not None:
-                sink.close()
+            _close_quietly(writer, sink)
+            raise
     return parts
+
+
+def _close_quietly(*handles) -> None:
+    """Close what a failed write left open: closing a half-written part fails again on a
+    full disk, and that second error must not hide the first."""
+    for handle in handles:
+        if handle is not None:
+            with suppress(Exception):
+                handle.close()
 
 
 def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
@@ -110,27 +124,105 @@ def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: Wr
     path.mkdir(parents=True)
     parts = write_parts(path, schema, batches, opts)
     schema.samples = sum(p.rows for p in parts)
-    manifest = {"format": FORMAT, "writer": f"trainfeed {__version__}", "schema": schema.to_dict(),
-                "parts": [{"file": p.file, "rows": p.rows} for p in parts]}
-    (path / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    write_manifest(path, FORMAT, schema, [{"file": p.file, "rows": p.rows} for p in parts])
     files = [str(path / p.file) for p in parts]
     return WriteResult(files, sum(p.size for p in parts), {"row_groups": sum(p.row_groups for p in parts)})
 
 
+def write_manifest(path: Path, fmt: str, schema: DatasetSchema, parts: list[dict]) -> None:
+    manifest = {"format": fmt, "writer": WRITER, "schema": schema.to_dict(), "parts": parts}
+    (path / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
 def is_store(path: Path) -> bool:
-    manifest = Path(path) / MANIFEST
-    return manifest.is_file() and json.loads(manifest.read_text()).get("format") == FORMAT
-
-
-def read_manifest(path) -> dict:
-    path = Path(path)
     try:
-        manifest = json.loads((path / MANIFEST).read_text())
+        read_manifest(path)
+    except ValueError:
+        return False
+    return True
+
+
+def read_manifest(path, fmt: str | None = FORMAT) -> dict:
+    """The validated manifest of the store at ``path``; ValueError naming the file if it is
+    missing, unreadable or not what trainfeed writes. ``fmt=None`` accepts any format."""
+    file = Path(path) / MANIFEST
+    try:
+        manifest = json.loads(file.read_text())
     except FileNotFoundError as exc:
-        raise ValueError(f"{path}: no {MANIFEST}: not a complete trainfeed Parquet store") from exc
-    if manifest.get("format") != FORMAT:
-        raise ValueError(f"{path}: manifest says format {manifest.get('format')!r}, not parquet")
+        raise ValueError(f"{path}: no {MANIFEST}: not a complete trainfeed {fmt or 'Parquet or HDF5'} store") from exc
+    except OSError as exc:
+        raise ValueError(f"{file}: cannot read: {exc.strerror or exc}") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{file}: not valid JSON ({'empty file' if not file.stat().st_size else exc})") from exc
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{file}: holds a JSON {type(manifest).__name__}, not the manifest object")
+    found = manifest.get("format")
+    if found not in ((fmt,) if fmt else MANIFEST_FORMATS):
+        raise ValueError(f"{file}: says format {found!r}, not {fmt or ' or '.join(MANIFEST_FORMATS)}")
+    writer = manifest.get("writer")
+    if not (isinstance(writer, str) and writer.startswith("trainfeed ")):
+        raise ValueError(f"{file}: not written by trainfeed (writer {writer!r})")
+    checked_schema(manifest.get("schema"), file)
+    _check_parts(manifest.get("parts"), file)
     return manifest
+
+
+def _check_parts(parts: Any, file: Path) -> None:
+    if not isinstance(parts, list):
+        raise ValueError(f"{file}: 'parts' must be a list of {{\"file\": NAME, \"rows\": N}}")
+    for i, part in enumerate(parts):
+        name = part.get("file") if isinstance(part, dict) else None
+        rows = part.get("rows") if isinstance(part, dict) else None
+        plain_name = isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
+        if not (plain_name and _is_count(rows)):
+            raise ValueError(f"{file}: part {i} is {part!r}, not {{\"file\": NAME, \"rows\": N}}")
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def checked_schema(d: Any, where) -> DatasetSchema:
+    """A DatasetSchema from its JSON form as found in a store (manifest, HDF5 attribute, Delta
+    commit), validated; ValueError naming ``where`` otherwise."""
+    problem = _schema_problem(d)
+    if problem is None:
+        try:
+            return DatasetSchema.from_dict(d)
+        except (KeyError, TypeError, ValueError) as exc:
+            problem = str(exc)
+    raise ValueError(f"{where}: invalid dataset schema: {problem}")
+
+
+def _schema_problem(d: Any) -> str | None:
+    if not isinstance(d, dict):
+        return f"expected an object, found {type(d).__name__}"
+    if not isinstance(d.get("fields"), list) or not d["fields"]:
+        return "'fields' must be a non-empty list"
+    for f in d["fields"]:
+        problem = _field_problem(f)
+        if problem:
+            return problem
+    if not isinstance(d.get("labeled"), bool):
+        return "'labeled' must be true or false"
+    label_map = d.get("label_map")
+    if label_map is not None and not (isinstance(label_map, dict) and all(
+            isinstance(k, str) and _is_count(v) for k, v in label_map.items())):
+        return "'label_map' must map class names to integers >= 0"
+    return None
+
+
+def _field_problem(f: Any) -> str | None:
+    if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not f["name"] or f["name"] in RESERVED:
+        return f"field {f!r} has no valid name"
+    if f.get("dtype") not in SUPPORTED_DTYPES:
+        return f"field {f['name']!r} has dtype {f.get('dtype')!r} (supported: {', '.join(SUPPORTED_DTYPES)})"
+    shape = f.get("shape")
+    if shape is not None and not (isinstance(shape, list) and all(_is_count(n) for n in shape)):
+        return f"field {f['name']!r} has shape {shape!r}, not a list of sizes"
+    if f.get("encoding", RAW) not in (RAW, IMAGE_BYTES):
+        return f"field {f['name']!r} has encoding {f.get('encoding')!r}"
+    return None
 
 
 def data_files(path) -> list[str]:

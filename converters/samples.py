@@ -15,14 +15,15 @@ import fsspec
 from .errors import SampleError
 from .labels import Labels
 from .layout import FieldSpec, RAW
-from .sources import IMAGE, ImageOptions, Sample, SourceFile, decode_sample, field_encoding, read_bytes
+from .sources import IMAGE, ImageOptions, Sample, SourceFile, check_listed, encoded_dtype, field_encoding, read_sample
 
 
 def load_sample(fs: fsspec.AbstractFileSystem, kind: str, src: SourceFile, labels: Labels, image_opts: ImageOptions) -> Sample:
+    check_listed(src)
     if labels.by_id is not None and src.id not in labels.by_id:
         raise SampleError(src.path, f"no label for id {src.id!r} in the labels file")
-    data = read_bytes(fs, src)
-    return Sample(src.id, labels.get(src.id), decode_sample(kind, src.path, data, image_opts), len(data))
+    fields, nbytes_in = read_sample(fs, kind, src, image_opts)
+    return Sample(src.id, labels.get(src.id), fields, nbytes_in)
 
 
 def ordered_map(fn: Callable, items: list, workers: int, window_per_worker: int = 4) -> Iterator:
@@ -69,7 +70,7 @@ class SchemaGuard:
             if self.image_opts.resize is not None:
                 channels = 1 if self.image_opts.mode == "L" else len(self.image_opts.mode)
                 shape = (*self.image_opts.resize, channels)
-            return FieldSpec(name, "uint8", shape, encoding)
+            return FieldSpec(name, encoded_dtype(value), shape, encoding)
         return FieldSpec(name, value.dtype.name, tuple(value.shape), RAW)
 
     def check(self, path: str, sample: Sample) -> None:

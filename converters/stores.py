@@ -1,16 +1,24 @@
-"""The formats a store can have, and detection of an existing store's format."""
+"""The formats a store can have, detection of an existing store's format, and what is at a
+destination path: trainfeed replaces only what carries its own marker."""
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+import h5py
+
 from . import delta, hdf5, parquet
+from .layout import MANIFEST
 
 FORMATS: dict[str, ModuleType] = {"parquet": parquet, "delta": delta, "hdf5": hdf5}
+_NAMES = {"parquet": "a Parquet store", "delta": "a Delta table", "hdf5": "an HDF5 store"}
 
 
 def detect_format(path) -> str | None:
-    """'delta', 'parquet' or 'hdf5' for a trainfeed store at ``path``; None if it is not one."""
+    """'delta', 'parquet' or 'hdf5' for a store at ``path`` (what a reader should open it as);
+    None if it is not one. ``identify`` says whether trainfeed wrote it."""
     path = Path(path)
     if not path.exists():
         return None
@@ -25,3 +33,55 @@ def detect_format(path) -> str | None:
 
 def module(fmt: str) -> ModuleType:
     return FORMATS[fmt]
+
+
+@dataclass(frozen=True)
+class Found:
+    """What is at a path. ``fmt``: the format of a store trainfeed wrote, else None.
+    ``replaceable``: whether ``--overwrite`` may replace it (a trainfeed store, an empty folder)."""
+
+    what: str
+    fmt: str | None = None
+    replaceable: bool = False
+
+
+def _owned(fmt: str) -> Found:
+    return Found(f"{_NAMES[fmt]} written by trainfeed", fmt, True)
+
+
+def identify(path) -> Found | None:
+    """What is at ``path``: None when nothing is. Never raises for what it finds: a corrupt
+    marker makes the thing "not a trainfeed store" and says why."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        return None
+    if path.is_symlink():
+        return Found(f"a symbolic link to {os.readlink(path)}")
+    if path.is_dir():
+        return _identify_folder(path)
+    if path.is_file():
+        return _identify_file(path)
+    return Found("a special file (not a regular file or folder) that is not a trainfeed store")
+
+
+def _identify_file(path: Path) -> Found:
+    if h5py.is_hdf5(path):
+        return _owned("hdf5") if hdf5.written_by_trainfeed(path) else Found("an HDF5 file not written by trainfeed")
+    return Found(f"a file of {path.stat().st_size:,} bytes that is not a trainfeed store")
+
+
+def _identify_folder(path: Path) -> Found:
+    entries = sum(1 for _ in path.iterdir())
+    if entries == 0:
+        return Found("an empty folder", replaceable=True)
+    if delta.is_store(path):
+        try:
+            return _owned("delta") if delta.written_by_trainfeed(path) else Found("a Delta table not written by trainfeed")
+        except ValueError as exc:
+            return Found(f"a Delta table whose log cannot be read ({exc})")
+    if (path / MANIFEST).exists():
+        try:
+            return _owned(parquet.read_manifest(path, fmt=None)["format"])
+        except ValueError as exc:
+            return Found(f"a folder with an invalid trainfeed manifest ({exc})")
+    return Found(f"a folder with {entries} {'entry' if entries == 1 else 'entries'} that is not a trainfeed store")

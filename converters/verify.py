@@ -9,7 +9,7 @@ import numpy as np
 from .errors import VerifyError
 from .labels import Labels
 from .samples import load_sample, ordered_map
-from .sources import ImageOptions, Listing
+from .sources import IMAGE, IMAGE_FIELD, ImageOptions, Listing, Sample, SourceFile, exact_pixels, read_bytes
 from .stores import FORMATS
 
 _MAX_REPORTED = 5
@@ -21,6 +21,16 @@ def same_value(a, b) -> bool:
         a, b = np.asarray(a), np.asarray(b)
         return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
     return bytes(a) == bytes(b)
+
+
+def reference_sample(fs, kind: str, src: SourceFile, labels: Labels, image_opts: ImageOptions) -> Sample:
+    """The sample the store must hold for ``src``, read again from the source. Images stored
+    decoded and not resized are compared with the file's exact pixels, decoded apart from the
+    conversion's own path: a step there that loses bits (8-bit clipping of a 16-bit PNG) shows."""
+    if kind != IMAGE or image_opts.storage != "decoded" or image_opts.resize is not None:
+        return load_sample(fs, kind, src, labels, image_opts)
+    data = read_bytes(fs, src)
+    return Sample(src.id, labels.get(src.id), {IMAGE_FIELD: exact_pixels(src.path, data, image_opts.mode)}, len(data))
 
 
 def _chunks(it: Iterator, n: int) -> Iterator[list]:
@@ -40,7 +50,8 @@ def verify_store(path, fmt: str, *, fs, listing: Listing, labels: Labels, image_
     for chunk in _chunks(FORMATS[fmt].read_samples(path), 64):
         mine = [row for row in chunk if row[0] in expected]
         other_rows += len(chunk) - len(mine)
-        sources = ordered_map(lambda row: load_sample(fs, listing.kind, by_id[row[0]], labels, image_opts), mine, workers)
+        sources = ordered_map(lambda row: reference_sample(fs, listing.kind, by_id[row[0]], labels, image_opts), mine,
+                              workers)
         for (sid, label, fields), src in zip(mine, sources):
             if sid in seen:
                 problems.append(f"{sid}: stored more than once")

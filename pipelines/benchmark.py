@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from converters.errors import TrainfeedError, UsageError
+from converters.redact import redact
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -54,9 +55,13 @@ def run(args: argparse.Namespace) -> dict:
                        nodes=csv(args.nodes), frameworks=csv(args.frameworks), steps=args.steps,
                        cpu_steps=args.cpu_steps, batch_size=args.batch_size, width=args.width, workers=args.workers,
                        blob_profile=None if args.blob_profile == "none" else args.blob_profile)
-    records = run_matrix(cfg, log=lambda m: print(m, file=sys.stderr))
-    return {"results": str(out / "results.jsonl"), "cells": sum(r["kind"] == "cell" for r in records),
-            "errors": sum(r["kind"] == "error" for r in records)}
+    records = run_matrix(cfg, log=lambda m: print(redact(m), file=sys.stderr))
+    summary = {"results": str(out / "results.jsonl"), "cells": sum(r["kind"] == "cell" for r in records),
+               "errors": sum(r["kind"] == "error" for r in records)}
+    if summary["errors"] and not summary["cells"]:
+        raise TrainfeedError(f"{summary['results']}: no cell was measured: all {summary['errors']} failed "
+                             "(the reasons are in the results file)")
+    return summary
 
 
 def merge(args: argparse.Namespace) -> dict:
@@ -70,7 +75,7 @@ def merge(args: argparse.Namespace) -> dict:
             raise TrainfeedError(f"{path}: missing; did the '{label}' task run?")
         for line in path.read_text().splitlines():
             rec = json.loads(line)
-            if rec.get("node") and rec.get("kind") == "cell":
+            if rec.get("node") and rec.get("kind") in ("cell", "error"):
                 rec["node"] = f"{rec['node']}@{label}"  # keep cells of different clusters apart
             lines.append(json.dumps(rec))
     (out / "results.jsonl").write_text("\n".join(lines) + "\n")
@@ -82,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(sys.argv[1:] if argv is None else argv)
         result = run(args) if args.command == "run" else merge(args)
     except (TrainfeedError, UsageError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(redact(f"error: {exc}"), file=sys.stderr)
         return exc.exit_code
     print(json.dumps(result, default=str))
     return 0

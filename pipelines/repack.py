@@ -16,17 +16,19 @@ import json
 import math
 import posixpath
 import sys
+import uuid
 from pathlib import Path
 
 import pyarrow as pa
 
 from converters import __version__
-from converters.commit import Staging
-from converters.convert import redact_url, write_rejects_report
+from converters.commit import DestinationLock, Staging
+from converters.convert import check_apart, check_destination, destination_path, source_location, write_rejects_report
 from converters.errors import SampleError, TrainfeedError, UsageError
 from converters.labels import resolve_labels
 from converters.layout import DATASET_META, ID, LABEL, MANIFEST, DatasetSchema, arrow_schema, to_record_batch
 from converters.options import WriteOptions, parse_size
+from converters.redact import redact
 from converters.samples import SchemaGuard, load_sample
 from converters.sources import ImageOptions, Sample, decode_sample, list_source
 
@@ -112,10 +114,17 @@ def _spark_type(field: pa.Field) -> str:
 
 
 def repack(args: argparse.Namespace, spark=None) -> dict:
-    spark = spark or get_spark("trainfeed-repack", cores=args.cores)
-    dst = Path(args.dst).absolute()
-    if dst.exists() and not args.overwrite:
-        raise TrainfeedError(f"{dst}: destination already exists; pass --overwrite to replace it")
+    """The Spark job, under the same destination rules as ``convert``: SRC and DST apart, one
+    writer at a time, only a store trainfeed wrote (or an empty folder) replaced."""
+    dst = destination_path(args.dst)
+    check_apart(args.src, dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with DestinationLock(dst):
+        check_destination(dst, "overwrite" if args.overwrite else "create")
+        return _repack(args, dst, spark or get_spark("trainfeed-repack", cores=args.cores))
+
+
+def _repack(args: argparse.Namespace, dst: Path, spark) -> dict:
     fs, listing = list_source(args.src)
     labels = resolve_labels(listing.files, labels_csv=args.labels)
     if labels.missing and args.on_error == "fail":
@@ -132,7 +141,7 @@ def repack(args: argparse.Namespace, spark=None) -> dict:
     if guard.specs is None:
         raise TrainfeedError(f"{args.src}: no valid samples")
     schema = DatasetSchema(fields=list(guard.specs), labeled=labels.by_id is not None, label_map=labels.label_map,
-                           source=redact_url(args.src))
+                           source=source_location(args.src), store_id=uuid.uuid4().hex)
     arrow = arrow_schema(schema, args.tensor_column)
     root = str(Path(args.src).absolute()) if "://" not in args.src else args.src.split("://", 1)[1]
     decode = _decoder(listing.kind, root, guard.specs, guard.first_id, labels.by_id or {}, schema.labeled,
@@ -157,7 +166,7 @@ def repack(args: argparse.Namespace, spark=None) -> dict:
     payload = sum(f.size for f in listing.files)
     partitions = max(1, math.ceil(payload / args.target_file_size))
     good = good.repartition(partitions).sortWithinPartitions(ID)
-    with Staging(dst) as staging:
+    with Staging(dst, overwrite=args.overwrite) as staging:
         if on_databricks() and args.to == "delta":  # pragma: no cover - needs a Databricks runtime
             _write_delta_spark(spark, good, staging.path, args)
         else:
@@ -236,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(sys.argv[1:] if argv is None else argv)
         summary = repack(args)
     except TrainfeedError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(redact(f"error: {exc}"), file=sys.stderr)
         return exc.exit_code
     print(json.dumps(summary) if args.json else
           f"{summary['format']} store written by Spark: {summary['output']} ({summary['samples']} samples, "

@@ -10,6 +10,7 @@ import json
 import sys
 
 from converters.errors import TrainfeedError
+from converters.redact import redact
 from training.cli import run as train_one
 from training.config import TrainConfig, check
 
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = train(parse_args(sys.argv[1:] if argv is None else argv))
     except TrainfeedError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(redact(f"error: {exc}"), file=sys.stderr)
         return exc.exit_code
     print(json.dumps({k: summary.get(k) for k in ("samples_per_s", "stall_fraction", "au", "steps", "world_size")}))
     return 0

@@ -10,6 +10,7 @@ from typing import List, Optional
 import typer
 
 from converters.cli import exit_codes, parse_storage_options
+from converters.redact import redact, redact_json
 
 from .config import TrainConfig, check
 
@@ -68,7 +69,8 @@ def _human(s: dict) -> str:
     return "\n".join(lines)
 
 
-@app.command(help="Train the ResNet-18 (3D for volume stores, 2D for image stores) from a Parquet, Delta, HDF5 "
+@app.command(help="Train the ResNet-18 (3D for (X, Y, Z, C) volume stores, 2D for (H, W, C) or greyscale (H, W) "
+                  "image stores) from a Parquet, Delta, HDF5 "
                   "store or the original small files (blob), and report data wait vs compute for every step. "
                   "Writes summary.json, steps.jsonl and utilization.jsonl to --out. "
                   "Exit codes: 0 ok (also after SIGTERM: a checkpoint is saved), 1 data/runtime error, 2 usage.")
@@ -88,22 +90,31 @@ def main_command(
                               "0.13.1: the run then stops with an error). arrow = no Petastorm: row groups read "
                               "by pyarrow in --workers threads, tensors viewed in place (fastest)."),
     amp: bool = typer.Option(False, "--amp", help="Mixed precision: bf16 where supported, else fp16 with loss scaling."),
-    seed: int = typer.Option(0, "--seed", help="Seeds the model, the shuffle order and sharding."),
-    lr: float = typer.Option(1e-3, "--lr", help="Adam learning rate."),
+    seed: int = typer.Option(0, "--seed", help="Seeds the model, the shuffle order and sharding (0 to 2^32-1)."),
+    lr: float = typer.Option(1e-3, "--lr", help="Adam learning rate (a positive number)."),
     width: int = typer.Option(64, "--width", help="Channels of the first stage: 64 is ResNet-18 (3D: 33.2M "
                               "parameters); smaller is for quick runs."),
     num_classes: Optional[int] = typer.Option(None, "--num-classes", help="Default: the store's label map, else 2."),
-    out: str = typer.Option("train-out", "--out", help="Folder for summary.json and the JSON-lines logs."),
-    eval_data: Optional[str] = typer.Option(None, "--eval-data", help="A held-out store: accuracy reported at the end."),
-    checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir"),
+    out: str = typer.Option("train-out", "--out", help="Folder for summary.json and the JSON-lines logs "
+                            "(created if missing; a file there is a usage error)."),
+    eval_data: Optional[str] = typer.Option(None, "--eval-data", help="A held-out store: accuracy reported at the "
+                                            "end. Checked before training: same field, sample shape and dtype as "
+                                            "--data, labeled, labels within the model's classes."),
+    checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", help="Folder for checkpoints (created "
+                                                 "if missing)."),
     checkpoint_every: int = typer.Option(0, "--checkpoint-every", help="Steps between checkpoints (0: only on "
                                          "SIGTERM and at the end)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the checkpoint in --checkpoint-dir."),
-    delta_version: Optional[int] = typer.Option(None, "--delta-version", help="Train on this Delta table version."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the checkpoint in --checkpoint-dir; when "
+                                "there is none yet, start from the first step (said on stderr). A checkpoint "
+                                "that is not trainfeed's, is damaged, or was written for other data (by content, "
+                                "whatever its path) or another model is refused (exit 1); nothing in it is run."),
+    delta_version: Optional[int] = typer.Option(None, "--delta-version", help="Train on this Delta table version "
+                                                "(Delta tables only; 0 to the latest version)."),
     labels: Optional[str] = typer.Option(None, "--labels", help="blob: labels CSV (id,label), as convert takes it."),
     field: Optional[str] = typer.Option(None, "--field", help="Tensor field to train on (default: the first)."),
     shuffle_buffer: int = typer.Option(256, "--shuffle-buffer", help="Samples held for shuffling."),
-    warmup_steps: int = typer.Option(1, "--warmup-steps", help="Steps excluded from the summary."),
+    warmup_steps: int = typer.Option(1, "--warmup-steps", help="Steps excluded from the summary (0 to the run's "
+                                     "total steps)."),
     storage_option: List[str] = typer.Option([], "--storage-option", help="KEY=VALUE for fsspec (blob URLs)."),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json to stdout."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
@@ -118,7 +129,7 @@ def main_command(
             warmup_steps=warmup_steps, storage_options=parse_storage_options(storage_option), progress=progress,
         )
         summary = run(cfg)
-    typer.echo(json.dumps(summary) if as_json else _human(summary))
+    typer.echo(redact_json(summary) if as_json else redact(_human(summary)))
 
 
 def main() -> None:

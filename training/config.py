@@ -1,14 +1,16 @@
 """Options of a training run, shared by the PyTorch and TensorFlow loops, and their checks."""
 from __future__ import annotations
 
-import hashlib
-import json
+import math
 import os
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from converters.errors import TrainfeedError, UsageError
 
 FRAMEWORKS = ("torch", "tf")
+#: numpy's seeding takes 32-bit seeds (and Keras seeds numpy).
+MAX_SEED = 2**32 - 1
 DEVICES = ("cpu", "cuda")
 
 
@@ -46,11 +48,6 @@ class TrainConfig:
         d["storage_options"] = sorted(self.storage_options)  # keys only: values may be secrets
         return d
 
-    def signature(self) -> str:
-        """What a checkpoint must match to be resumed: the data and the model, not the pacing."""
-        key = {k: getattr(self, k) for k in ("data", "framework", "width", "num_classes", "field_name", "seed")}
-        return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
 
 def check(cfg: TrainConfig) -> None:
     """Usage errors (exit 2) and an unusable device (exit 1), before anything is read."""
@@ -69,6 +66,17 @@ def check(cfg: TrainConfig) -> None:
         raise UsageError("--checkpoint-every must be 0 or more")
     if cfg.delta_version is not None and cfg.fmt not in (None, "delta"):
         raise UsageError("--delta-version applies to Delta tables only")
+    if cfg.delta_version is not None and cfg.delta_version < 0:
+        raise UsageError(f"--delta-version must be 0 or more, not {cfg.delta_version}")
+    if not (math.isfinite(cfg.lr) and cfg.lr > 0):
+        raise UsageError(f"--lr must be a positive number, not {cfg.lr}")
+    if not 0 <= cfg.seed <= MAX_SEED:
+        raise UsageError(f"--seed must be between 0 and {MAX_SEED}, not {cfg.seed}")
+    if cfg.warmup_steps < 0:
+        raise UsageError(f"--warmup-steps must be 0 or more, not {cfg.warmup_steps}")
+    check_folder("--out", cfg.out)
+    if cfg.checkpoint_dir:
+        check_folder("--checkpoint-dir", cfg.checkpoint_dir)
     if cfg.device == "cuda":
         if cfg.framework == "torch":
             import torch
@@ -82,6 +90,16 @@ def check(cfg: TrainConfig) -> None:
             if not tf.config.list_physical_devices("GPU"):
                 raise TrainfeedError("--device cuda: TensorFlow sees no GPU here (tensorflow-cpu is installed); "
                                      "use --device cpu")
+
+
+def check_folder(option: str, path: str) -> None:
+    """``path`` must be a folder or creatable as one: no file in the way, at it or above it."""
+    for candidate in (Path(path), *Path(path).parents):
+        if candidate.exists():
+            if not candidate.is_dir():
+                where = "it is a file" if candidate == Path(path) else f"{candidate} is a file"
+                raise UsageError(f"{path}: {option} must be a folder; {where}")
+            return
 
 
 def distributed_env() -> tuple[int, int, int]:

@@ -14,8 +14,10 @@ from converters.progress import progress_bar  # noqa: E402
 
 from .config import TrainConfig, distributed_env  # noqa: E402
 from .metrics import StepTimer, UtilizationSampler  # noqa: E402
-from .readers import Batch, ReaderOptions, Store, iter_batches, open_store  # noqa: E402
-from .run import Preemption, RunFiles, after_step, check_labels, plan, reader_options, record, summarize  # noqa: E402
+from .readers import Batch, ReaderOptions, Store, iter_batches  # noqa: E402
+from .run import (CHECKPOINT_FORMAT, Plan, Preemption, RunFiles, after_step, as_model_input,  # noqa: E402
+                  check_labels, checkpoint_signature, eval_options, model_input_shape, notice, plan, record,
+                  summarize)
 
 
 def tf_dataset(store: Store, opts: ReaderOptions, epoch: int = 0, num_classes: int | None = None,
@@ -23,7 +25,7 @@ def tf_dataset(store: Store, opts: ReaderOptions, epoch: int = 0, num_classes: i
     """One epoch of a store as a ``tf.data.Dataset`` of (x, y, nbytes) batches."""
     import tensorflow as tf
 
-    spec = store.spec
+    shape = model_input_shape(store)
 
     def gen():
         batches = iter_batches(store, opts, epoch)
@@ -32,9 +34,9 @@ def tf_dataset(store: Store, opts: ReaderOptions, epoch: int = 0, num_classes: i
         for batch in batches:
             if num_classes is not None:
                 check_labels(batch, num_classes, store.path)
-            yield batch.x, batch.y
+            yield as_model_input(batch, shape), batch.y
 
-    signature = (tf.TensorSpec((None, *spec.shape), tf.as_dtype(np.dtype(spec.dtype))),
+    signature = (tf.TensorSpec((None, *shape), tf.as_dtype(np.dtype(store.spec.dtype))),
                  tf.TensorSpec((None,), tf.int64))
     return tf.data.Dataset.from_generator(gen, output_signature=signature).prefetch(prefetch)
 
@@ -83,23 +85,26 @@ def train(cfg: TrainConfig) -> dict:
         pred = tf.cast(logits[:, 0] > 0, tf.int64) if binary else tf.argmax(logits, 1)
         return loss, tf.reduce_sum(tf.cast(pred == y, tf.int64))
 
-    ckpt = manager = None
+    manager = None
     start_epoch = skip = 0
     if cfg.checkpoint_dir:
         os.makedirs(cfg.checkpoint_dir, exist_ok=True)
+        signature = checkpoint_signature(cfg, p)
         ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch_var,
-                                   step_in_epoch=step_in_epoch_var, global_step=global_var)
+                                   step_in_epoch=step_in_epoch_var, global_step=global_var,
+                                   format=tf.Variable(CHECKPOINT_FORMAT), signature=tf.Variable(signature))
         manager = tf.train.CheckpointManager(ckpt, cfg.checkpoint_dir, max_to_keep=2)
-        sig_file = os.path.join(cfg.checkpoint_dir, "signature")
-        if cfg.resume and manager.latest_checkpoint:
-            if open(sig_file).read() != cfg.signature():
-                raise TrainfeedError(f"{cfg.checkpoint_dir}: checkpoint was written for other data or another model")
-            ckpt.restore(manager.latest_checkpoint)
+        latest = _latest_checkpoint(cfg.checkpoint_dir, manager) if cfg.resume else None
+        if latest:
+            _check_checkpoint(latest, signature)
+            with tf.device(device):
+                optimizer.build(model.trainable_variables)  # its slots exist, so every saved value has a home
+            _restore(ckpt, latest)
             start_epoch, skip = int(epoch_var.numpy()), int(step_in_epoch_var.numpy())
             if skip >= p.steps_per_epoch:
                 start_epoch, skip = start_epoch + 1, 0
-        with open(sig_file, "w") as fh:
-            fh.write(cfg.signature())
+        elif cfg.resume:
+            notice(f"--resume: no checkpoint in {cfg.checkpoint_dir} yet: starting from the first step")
 
     def checkpoint(epoch: int, step_in_epoch: int) -> None:
         if manager is not None:
@@ -147,21 +152,67 @@ def train(cfg: TrainConfig) -> dict:
     extra = {"parameters": parameter_count(model), "train_accuracy": round(correct / seen, 4) if seen else None,
              "preempted": preempted, "global_step": global_step, "resumed_from_step": first_step if cfg.resume else None,
              "run_seconds": round(time.perf_counter() - t_start, 3)}
-    if cfg.eval_data and not preempted:
-        extra["eval"] = evaluate(cfg, model, p.num_classes)
+    if p.eval_store is not None and not preempted:
+        extra["eval"] = evaluate(cfg, p, model)
     summary = summarize(cfg, p, timer, util, extra)
     files.write_summary(summary)
     files.close()
     return summary
 
 
-def evaluate(cfg: TrainConfig, model, num_classes: int) -> dict:
-    opts = reader_options(cfg, shuffle=False)
-    opts = type(opts)(**{**opts.__dict__, "drop_last": False, "delta_version": None, "labels_csv": None})
-    store = open_store(cfg.eval_data, None, opts)
+def _latest_checkpoint(directory: str, manager) -> str | None:
+    """The newest checkpoint's prefix, None when the folder holds none yet. TensorFlow takes an
+    unreadable 'checkpoint' state file for no checkpoint at all: here that is an error."""
+    if manager.latest_checkpoint:
+        return manager.latest_checkpoint
+    leftovers = sorted(name for name in os.listdir(directory) if name == "checkpoint" or name.endswith(".index"))
+    if leftovers:
+        raise TrainfeedError(f"{directory}: holds TensorFlow checkpoint files ({', '.join(leftovers[:3])}) but no "
+                             "readable checkpoint: its 'checkpoint' state file is damaged or names files that are "
+                             "gone; use another --checkpoint-dir")
+    return None
+
+
+def _check_checkpoint(prefix: str, signature: str) -> None:
+    """Read the format marker and what the checkpoint was written for, before restoring
+    anything (a TensorFlow checkpoint holds tensors and protocol buffers: no code)."""
+    import tensorflow as tf
+
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+        stored = {name: reader.get_tensor(f"{name}/.ATTRIBUTES/VARIABLE_VALUE") for name in ("format", "signature")
+                  if reader.has_tensor(f"{name}/.ATTRIBUTES/VARIABLE_VALUE")}
+    except (tf.errors.OpError, ValueError, IndexError) as exc:  # IndexError: TensorFlow's "read less bytes"
+        raise TrainfeedError(f"{prefix}: not a readable TensorFlow checkpoint (damaged?): "
+                             f"{type(exc).__name__}: {_first_line(exc)}") from None
+    if stored.get("format") != CHECKPOINT_FORMAT.encode():
+        raise TrainfeedError(f"{prefix}: not a trainfeed checkpoint (no {CHECKPOINT_FORMAT!r} marker)")
+    if stored.get("signature") != signature.encode():
+        raise TrainfeedError(f"{prefix}: checkpoint was written for other data or another model; "
+                             "use a fresh --checkpoint-dir")
+
+
+def _restore(ckpt, prefix: str) -> None:
+    """Every value in the checkpoint must land in this model and optimizer, and every one of
+    their variables must get a value: a partial restore would train from a silent mix."""
+    import tensorflow as tf
+
+    try:
+        ckpt.restore(prefix).assert_consumed()
+    except (AssertionError, ValueError, IndexError, tf.errors.OpError) as exc:
+        raise TrainfeedError(f"{prefix}: checkpoint cannot be restored into this model (damaged, or written for "
+                             f"another model): {type(exc).__name__}: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+
+
+def evaluate(cfg: TrainConfig, p: Plan, model) -> dict:
+    """Accuracy on the held-out store (every sample once, no shuffling)."""
     correct = total = 0
-    for batch in iter_batches(store, opts):
-        logits = np.asarray(model(_to_float(batch.x), training=False), dtype=np.float32)
+    for batch in iter_batches(p.eval_store, eval_options(cfg, p.store.spec.name)):
+        logits = np.asarray(model(_to_float(as_model_input(batch, p.input_shape)), training=False), dtype=np.float32)
         pred = (logits[:, 0] > 0).astype(np.int64) if logits.shape[1] == 1 else logits.argmax(1)
         correct += int((pred == batch.y).sum())
         total += len(batch.ids)

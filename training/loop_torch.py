@@ -4,7 +4,9 @@ size above one (torchrun or pyspark's TorchDistributor)."""
 from __future__ import annotations
 
 import os
+import pickle
 import time
+import zipfile
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -12,15 +14,20 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from converters.errors import TrainfeedError
 from converters.progress import progress_bar
 
 from .config import TrainConfig, distributed_env
 from .metrics import StepTimer, UtilizationSampler
 from .models_torch import build, parameter_count
-from .readers import iter_batches, open_store
-from .run import Prefetcher, Preemption, RunFiles, after_step, check_labels, plan, reader_options, record, summarize
+from .readers import iter_batches
+from .run import (CHECKPOINT_FORMAT, Plan, Prefetcher, Preemption, RunFiles, after_step, as_model_input,
+                  check_labels, checkpoint_signature, eval_options, notice, plan, record, summarize)
 
 CHECKPOINT = "checkpoint.pt"
+#: What a checkpoint holds besides its format marker; all of it loads with ``weights_only``.
+CHECKPOINT_KEYS = {"model": dict, "optimizer": dict, "scaler": dict, "epoch": int, "step_in_epoch": int,
+                   "global_step": int, "signature": str}
 
 
 def _amp_context(cfg: TrainConfig, device: torch.device):
@@ -42,8 +49,40 @@ def _predict(logits: torch.Tensor) -> torch.Tensor:
 
 def _save(path: Path, state: dict) -> None:
     tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
+    torch.save({"format": CHECKPOINT_FORMAT, **state}, tmp)
     os.replace(tmp, path)  # a kill mid-save keeps the previous checkpoint
+
+
+def _load(path: Path, device: torch.device) -> dict:
+    """A trainfeed checkpoint, read without running any of its code: only a PyTorch zip file
+    is opened, and only tensors and plain values are unpickled from it (``weights_only``)."""
+    if not zipfile.is_zipfile(path):
+        raise TrainfeedError(f"{path}: not a trainfeed checkpoint (empty, truncated or not a PyTorch file); "
+                             "use another --checkpoint-dir")
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError:
+        raise TrainfeedError(f"{path}: not a trainfeed checkpoint: it holds objects other than tensors and plain "
+                             "values (loading them could run code), refused") from None
+    except (RuntimeError, EOFError, KeyError, ValueError, OSError) as exc:
+        raise TrainfeedError(f"{path}: not a readable trainfeed checkpoint (damaged?): {type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise TrainfeedError(f"{path}: not a trainfeed checkpoint (no {CHECKPOINT_FORMAT!r} marker)")
+    wrong = [key for key, kind in CHECKPOINT_KEYS.items()
+             if not isinstance(state.get(key), kind) or (kind is int and state[key] < 0)]
+    if wrong:
+        raise TrainfeedError(f"{path}: damaged trainfeed checkpoint: {', '.join(wrong)} missing or of the wrong type")
+    return state
+
+
+def _restore(path: Path, state: dict, model, optimizer, scaler) -> None:
+    try:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scaler.load_state_dict(state["scaler"])
+    except (RuntimeError, KeyError, ValueError, TypeError) as exc:
+        raise TrainfeedError(f"{path}: checkpoint does not fit this model: {str(exc).splitlines()[0]}") from None
 
 
 def _sync(device: torch.device) -> None:
@@ -73,20 +112,19 @@ def train(cfg: TrainConfig) -> dict:
     scaler = torch.amp.GradScaler("cuda", enabled=cfg.amp and cfg.device == "cuda" and not torch.cuda.is_bf16_supported())
 
     ckpt_path = Path(cfg.checkpoint_dir) / (CHECKPOINT if rank == 0 else f"checkpoint-rank{rank}.pt") if cfg.checkpoint_dir else None
+    signature = checkpoint_signature(cfg, p) if ckpt_path else None
     start_epoch, skip_steps, global_step = 0, 0, 0
-    if cfg.resume and ckpt_path and ckpt_path.exists():
-        state = torch.load(ckpt_path, map_location=device, weights_only=False)
-        if state["signature"] != cfg.signature():
-            from converters.errors import TrainfeedError
-
+    if cfg.resume and ckpt_path.exists():
+        state = _load(ckpt_path, device)
+        if state["signature"] != signature:
             raise TrainfeedError(f"{ckpt_path}: checkpoint was written for other data or another model; "
                                  "use a fresh --checkpoint-dir")
-        (model.module if world > 1 else model).load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scaler.load_state_dict(state["scaler"])
+        _restore(ckpt_path, state, model.module if world > 1 else model, optimizer, scaler)
         start_epoch, skip_steps, global_step = state["epoch"], state["step_in_epoch"], state["global_step"]
         if skip_steps >= p.steps_per_epoch:
             start_epoch, skip_steps = start_epoch + 1, 0
+    elif cfg.resume:
+        notice(f"--resume: no checkpoint in {cfg.checkpoint_dir} yet ({ckpt_path.name}): starting from the first step")
     if ckpt_path:
         ckpt_path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -95,13 +133,12 @@ def train(cfg: TrainConfig) -> dict:
             return
         _save(ckpt_path, {"model": (model.module if world > 1 else model).state_dict(),
                           "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(), "epoch": epoch,
-                          "step_in_epoch": step_in_epoch, "global_step": global_step,
-                          "signature": cfg.signature()})
+                          "step_in_epoch": step_in_epoch, "global_step": global_step, "signature": signature})
 
     pin = cfg.device == "cuda"
 
     def to_tensors(batch):
-        x, y = torch.from_numpy(batch.x), torch.from_numpy(batch.y)
+        x, y = torch.from_numpy(as_model_input(batch, p.input_shape)), torch.from_numpy(batch.y)
         if x.dtype == torch.uint8:
             x = x.float().div_(255)
         elif x.dtype != torch.float32:
@@ -163,8 +200,8 @@ def train(cfg: TrainConfig) -> dict:
              "run_seconds": round(time.perf_counter() - t_start, 3)}
     if cfg.resume:
         extra["resumed_from_step"] = global_step - len(timer.records)
-    if cfg.eval_data and not preempted and rank == 0:
-        extra["eval"] = evaluate(cfg, model.module if world > 1 else model, device, p.num_classes)
+    if p.eval_store is not None and not preempted and rank == 0:
+        extra["eval"] = evaluate(cfg, p, model.module if world > 1 else model, device)
     summary = summarize(cfg, p, timer, util, extra)
     files.write_summary(summary)
     files.close()
@@ -172,15 +209,12 @@ def train(cfg: TrainConfig) -> dict:
 
 
 @torch.no_grad()
-def evaluate(cfg: TrainConfig, model, device: torch.device, num_classes: int) -> dict:
-    """Accuracy on a held-out store (every sample once, no shuffling)."""
-    opts = reader_options(cfg, shuffle=False)
-    opts = type(opts)(**{**opts.__dict__, "drop_last": False, "delta_version": None, "labels_csv": None})
-    store = open_store(cfg.eval_data, None, opts)
+def evaluate(cfg: TrainConfig, p: Plan, model, device: torch.device) -> dict:
+    """Accuracy on the held-out store (every sample once, no shuffling)."""
     model.eval()
     correct = total = 0
-    for batch in iter_batches(store, opts):
-        x = torch.from_numpy(batch.x).to(device)
+    for batch in iter_batches(p.eval_store, eval_options(cfg, p.store.spec.name)):
+        x = torch.from_numpy(as_model_input(batch, p.input_shape)).to(device)
         x = x.float().div_(255) if x.dtype == torch.uint8 else x.float()
         pred = _predict(model(x)).cpu().numpy()
         correct += int((pred == batch.y).sum())

@@ -10,6 +10,8 @@ pieces and then samples through a seeded buffer, and yields ``Batch`` objects of
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import queue
 import threading
@@ -24,7 +26,7 @@ import pyarrow as pa
 from converters import delta, hdf5, parquet
 from converters.errors import TrainfeedError, UsageError
 from converters.labels import resolve_labels
-from converters.layout import DatasetSchema, FieldSpec, decode_tensor
+from converters.layout import ID, LABEL, MANIFEST, DatasetSchema, FieldSpec, decode_tensor
 from converters.samples import SchemaGuard, load_sample, ordered_map
 from converters.sources import ImageOptions, list_source
 from converters.stores import detect_format
@@ -109,17 +111,18 @@ def open_store(path: str, fmt: str | None = None, opts: ReaderOptions = ReaderOp
     fmt = fmt or detect(path)
     if fmt not in FORMATS:
         raise UsageError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    if opts.delta_version is not None and fmt != "delta":
+        raise UsageError(f"--delta-version applies to Delta tables only; {path} is a {fmt} store")
     local = path.removeprefix("file://")
     if fmt != "blob" and not Path(local).exists():
         raise TrainfeedError(f"{path}: store not found")
     try:
         if fmt == "parquet":
-            return _open_parquet(local, parquet.read_schema(local), parquet.data_files(local), opts)
-        if fmt == "delta":
-            table = delta.open_table(local, opts.delta_version)
-            store = _open_parquet(local, delta.read_schema(local, opts.delta_version), table.file_uris(), opts)
-            store.fmt, store.version = "delta", table.version()
+            store = _open_parquet(local, parquet.read_schema(local), parquet.data_files(local), opts)
+            _check_declared_rows(store, _manifest_rows(local, parquet.read_manifest(local)))
             return store
+        if fmt == "delta":
+            return _open_delta(local, opts)
         if fmt == "hdf5":
             return _open_hdf5(local, opts)
         return _open_blob(path, opts)
@@ -127,6 +130,43 @@ def open_store(path: str, fmt: str | None = None, opts: ReaderOptions = ReaderOp
         raise
     except (OSError, ValueError, KeyError) as exc:
         raise TrainfeedError(f"{path}: cannot open as a {fmt} store: {exc}") from exc
+
+
+def _open_delta(path: str, opts: ReaderOptions) -> Store:
+    if opts.delta_version is not None:
+        latest = delta.open_table(path).version()
+        if not 0 <= opts.delta_version <= latest:
+            raise UsageError(f"--delta-version {opts.delta_version}: {path} has versions 0..{latest}")
+    table = delta.open_table(path, opts.delta_version)
+    store = _open_parquet(path, delta.read_schema(path, opts.delta_version), table.file_uris(), opts)
+    store.fmt, store.version = "delta", table.version()
+    _check_declared_rows(store, {})
+    return store
+
+
+def _manifest_rows(path: str, manifest: dict) -> dict[str, int | None]:
+    """Rows per data file as the manifest declares them."""
+    return {str(Path(path) / part["file"]): part.get("rows") for part in manifest.get("parts", [])}
+
+
+def _check_declared_rows(store: Store, declared_per_file: dict[str, int | None]) -> None:
+    """The rows the pieces hold must be what the store declares: per file (manifest) and in
+    all (``schema.samples``). A mismatch means a damaged or hand-edited store: never train on it."""
+    held: dict[str, int] = {}
+    for piece, rows in zip(store.pieces, store.piece_rows):
+        held[_piece_file(piece)] = held.get(_piece_file(piece), 0) + rows
+    for f, declared in declared_per_file.items():
+        if declared is not None and declared != held.get(f, 0):
+            raise TrainfeedError(f"{f}: the store's manifest declares {declared} samples in this file, "
+                                 f"it holds {held.get(f, 0)}: the store is damaged or was modified; convert it again")
+    if store.schema.samples is not None and store.schema.samples != store.samples:
+        raise TrainfeedError(f"{store.path}: the store declares {store.schema.samples} samples, its files hold "
+                             f"{store.samples}: the store is damaged or was modified; convert it again")
+
+
+def _piece_file(piece) -> str:
+    """The file a piece is read from (Parquet/HDF5 pieces are tuples, blob pieces SourceFiles)."""
+    return piece[0] if isinstance(piece, tuple) else piece.path
 
 
 def _open_parquet(path: str, schema: DatasetSchema, files: list[str], opts: ReaderOptions) -> Store:
@@ -147,16 +187,40 @@ def _open_hdf5(path: str, opts: ReaderOptions) -> Store:
 
     schema = hdf5.read_schema(path)
     spec = _pick_field(schema, opts.field_name, path)
+    files = hdf5.data_files(path)
     pieces, rows = [], []
-    for f in hdf5.data_files(path):
+    for f in files:
         with h5py.File(f, "r") as h5:
-            n = h5["id"].shape[0]
+            n = _hdf5_rows_in(h5, f, schema)
             chunk = h5[spec.name].chunks[0] if h5[spec.name].chunks else 64
         step = max(chunk, (max(64, chunk) // chunk) * chunk)  # whole chunks, >= 64 samples per read
         for start in range(0, n, step):
             pieces.append((f, start, min(n, start + step)))
             rows.append(min(n, start + step) - start)
-    return Store(path, "hdf5", schema, spec, pieces, rows)
+    store = Store(path, "hdf5", schema, spec, pieces, rows, extra={"files": files})
+    manifest = Path(path) / MANIFEST
+    _check_declared_rows(store, _manifest_rows(path, json.loads(manifest.read_text())) if manifest.is_file() else {})
+    return store
+
+
+def _hdf5_rows_in(h5, path: str, schema: DatasetSchema) -> int:
+    """Samples in one HDF5 file: every dataset (id, label, each field) must hold the same number."""
+    names = [ID, *([LABEL] if schema.labeled else []), *schema.field_names]
+    missing = [name for name in names if name not in h5]
+    if missing:
+        raise TrainfeedError(f"{path}: no dataset {missing[0]!r} in this file: not a complete trainfeed HDF5 store")
+    lengths = {name: h5[name].shape[0] if h5[name].shape else 0 for name in names}
+    if len(set(lengths.values())) > 1:
+        sizes = ", ".join(f"{name} {n}" for name, n in lengths.items())
+        raise TrainfeedError(f"{path}: datasets hold different numbers of samples ({sizes}): the file is damaged "
+                             "or was modified; convert it again")
+    for spec in schema.fields:
+        ds = h5[spec.name]
+        if spec.is_raw and spec.shape is not None and (ds.shape[1:] != tuple(spec.shape) or ds.dtype != spec.dtype):
+            raise TrainfeedError(f"{path}: dataset {spec.name!r} holds {ds.dtype} samples of shape {ds.shape[1:]}, "
+                                 f"the store's schema says {spec.dtype} {tuple(spec.shape)}: the file is damaged or "
+                                 "was modified; convert it again")
+    return lengths[ID]
 
 
 def _open_blob(path: str, opts: ReaderOptions) -> Store:
@@ -318,8 +382,12 @@ def _read_h5_slice(piece: tuple[str, int, int], field_name: str, labeled: bool):
     h5 = handles.get(f)
     if h5 is None:
         h5 = handles[f] = h5py.File(f, "r")
-    ids = [x.decode() if isinstance(x, bytes) else x for x in h5["id"][start:stop]]
-    y = h5["label"][start:stop] if labeled else np.full(stop - start, -1, np.int64)
+    return _h5_arrays(h5, start, stop, field_name, labeled)
+
+
+def _h5_arrays(h5, start: int, stop: int, field_name: str, labeled: bool) -> tuple[list, np.ndarray, np.ndarray]:
+    ids = [x.decode() if isinstance(x, bytes) else x for x in h5[ID][start:stop]]
+    y = h5[LABEL][start:stop] if labeled else np.full(stop - start, -1, np.int64)
     return ids, y, h5[field_name][start:stop]
 
 
@@ -357,7 +425,10 @@ def _read_row_group(piece: tuple[str, int], spec: FieldSpec) -> tuple[list, np.n
     f, rg = piece
     files = _PQ.__dict__.setdefault("files", {})
     pf = files.get(f) or files.setdefault(f, pq.ParquetFile(f))
-    table = pf.read_row_group(rg, columns=["id", "label", spec.name])
+    return _table_arrays(pf.read_row_group(rg, columns=[ID, LABEL, spec.name]), spec)
+
+
+def _table_arrays(table: pa.Table, spec: FieldSpec) -> tuple[list, np.ndarray, np.ndarray]:
     col = table.column(spec.name).combine_chunks()
     n = len(col)
     if pa.types.is_binary(col.type):
@@ -366,7 +437,7 @@ def _read_row_group(piece: tuple[str, int], spec: FieldSpec) -> tuple[list, np.n
         x = data.view(np.dtype(spec.dtype).newbyteorder("<")).reshape((n, *spec.shape))
     else:
         x = col.flatten().to_numpy(zero_copy_only=False).astype(spec.dtype, copy=False).reshape((n, *spec.shape))
-    return table.column("id").to_pylist(), _labels(table.column("label").to_numpy(zero_copy_only=False)), x
+    return table.column(ID).to_pylist(), _labels(table.column(LABEL).to_numpy(zero_copy_only=False)), x
 
 
 def _arrow_rows(store: Store, opts: ReaderOptions, order: list[int]) -> Iterator[tuple]:
@@ -386,7 +457,19 @@ def _rows(store: Store, opts: ReaderOptions, epoch: int) -> Iterator[tuple]:
     if opts.shuffle:
         np.random.default_rng((opts.seed, epoch)).shuffle(order)
     reader = {"parquet": _arrow_rows, "delta": _arrow_rows, "hdf5": _hdf5_rows, "blob": _blob_rows}[store.fmt]
-    yield from reader(store, opts, order)
+    for i, item in zip(order, reader(store, opts, order)):
+        _check_piece(store, i, item)
+        yield item
+
+
+def _check_piece(store: Store, index: int, item: tuple) -> None:
+    """A piece must deliver as many ids, labels and samples as it was listed with."""
+    ids, y, x = item
+    listed = store.piece_rows[index]
+    if not len(ids) == len(y) == len(x) == listed:
+        raise TrainfeedError(f"{_piece_file(store.pieces[index])}: read {len(ids)} ids, {len(y)} labels and "
+                             f"{len(x)} samples where {listed} were listed: the file is damaged or changed "
+                             "while training")
 
 
 def iter_batches(store: Store, opts: ReaderOptions, epoch: int = 0) -> Iterator[Batch]:
@@ -417,3 +500,94 @@ def iter_batches(store: Store, opts: ReaderOptions, epoch: int = 0) -> Iterator[
         yield take(opts.batch_size)
     if buf and not opts.drop_last:
         yield take(len(buf))
+
+
+# ------------------------------------------------------------------ what a store holds
+
+def store_identity(store: Store) -> str:
+    """What identifies a store's content, whatever path or URL it was opened by (checkpoints
+    must match it). The id its writer gave it (for Delta, with the version read) when there
+    is one; else a fingerprint of its content (see ``_fingerprint``)."""
+    if store.schema.store_id:
+        key = {"store_id": store.schema.store_id, "version": store.version}
+    else:
+        key = {"fingerprint": _fingerprint(store)}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _fingerprint(store: Store) -> dict:
+    """Content only, never the path: the schema (less ``source``, a path), the rows of every
+    piece, each data file's name within the store and size (blob: each file's id and size),
+    every label, and the first sample (id, label, tensor bytes) of the first and of the last
+    piece. Cheap: the label column and two samples are read. Sound: the same store gives the
+    same answer by any path; other data differs in its labels, its counts or sizes, or its
+    first or last samples (a rewrite differing in none of these is the one blind spot, and a
+    store written with a store_id has none)."""
+    schema = {k: v for k, v in store.schema.to_dict().items() if k != "source"}
+    if store.fmt == "blob":
+        files = [[f.id, f.size] for f in store.pieces]
+    else:
+        files = [_file_entry(store.path, f) for f in store.extra["files"]]
+    digest = hashlib.sha256()
+    for labels in _label_columns(store):
+        digest.update(labels.astype("<i8").tobytes())
+    for index in sorted({0, len(store.pieces) - 1}):
+        sample_id, label, value = _first_sample(store, index)
+        digest.update(json.dumps([sample_id, label]).encode())
+        digest.update(np.ascontiguousarray(value).tobytes())
+    return {"schema": schema, "format": store.fmt, "version": store.version, "rows": store.piece_rows,
+            "files": files, "content": digest.hexdigest()}
+
+
+def _file_entry(root: str, file: str) -> list:
+    local = file.removeprefix("file://")
+    name = os.path.relpath(os.path.abspath(local), os.path.abspath(root))  # "." for a single-file store
+    return [name, os.path.getsize(local)]
+
+
+def _first_sample(store: Store, index: int) -> tuple[str, int, np.ndarray]:
+    """The first sample of piece ``index``, read through fresh handles (not the readers' caches)."""
+    piece, spec = store.pieces[index], store.spec
+    if store.fmt == "blob":
+        sample = load_sample(store.extra["fs"], store.extra["kind"], piece, store.extra["labels"], ImageOptions())
+        return sample.id, -1 if sample.label is None else sample.label, sample.fields[spec.name]
+    if store.fmt == "hdf5":
+        import h5py
+
+        f, start, _ = piece
+        with h5py.File(f, "r") as h5:
+            ids, y, x = _h5_arrays(h5, start, start + 1, spec.name, store.schema.labeled)
+    else:
+        import pyarrow.parquet as pq
+
+        f, rg = piece
+        batch = next(pq.ParquetFile(f).iter_batches(batch_size=1, row_groups=[rg], columns=[ID, LABEL, spec.name]))
+        ids, y, x = _table_arrays(pa.Table.from_batches([batch]), spec)
+    return ids[0], int(y[0]), x[0]
+
+
+def label_bounds(store: Store) -> tuple[int, int] | None:
+    """The lowest and highest label in the store (-1 for a sample without one), reading the
+    label column only; None for an empty store."""
+    columns = [y for y in _label_columns(store) if len(y)]
+    if not columns:
+        return None
+    return min(int(y.min()) for y in columns), max(int(y.max()) for y in columns)
+
+
+def _label_columns(store: Store) -> Iterator[np.ndarray]:
+    if store.fmt == "blob":
+        labels = store.extra["labels"]
+        yield np.array([-1 if labels.get(f.id) is None else labels.get(f.id) for f in store.pieces], np.int64)
+    elif store.fmt == "hdf5":
+        import h5py
+
+        for f in store.extra["files"]:
+            with h5py.File(f, "r") as h5:
+                yield h5[LABEL][:].astype(np.int64) if store.schema.labeled else np.full(h5[ID].shape[0], -1)
+    else:
+        import pyarrow.parquet as pq
+
+        for f in store.extra["files"]:
+            column = pq.ParquetFile(f).read(columns=[LABEL]).column(LABEL).combine_chunks()
+            yield _labels(column.to_numpy(zero_copy_only=False))

@@ -2,23 +2,30 @@
 time is the data wait, preemption on SIGTERM, and the files a run writes to ``--out``."""
 from __future__ import annotations
 
+import hashlib
 import json
 import platform
 import queue
 import signal
+import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
 
-from converters.errors import TrainfeedError
+from converters.errors import TrainfeedError, UsageError
+from converters.redact import redact, redact_obj
 
 from .config import TrainConfig, distributed_env
 from .metrics import JsonLines, StepRecord, StepTimer, UtilizationSampler
-from .readers import Batch, ReaderOptions, Store, check_sharding, open_store
+from .readers import Batch, ReaderOptions, Store, check_sharding, label_bounds, open_store, store_identity
+
+
+#: Marks a checkpoint as trainfeed's (both frameworks): anything else is refused unread.
+CHECKPOINT_FORMAT = "trainfeed-checkpoint/1"
 
 
 @dataclass
@@ -27,9 +34,10 @@ class Plan:
     reader: ReaderOptions
     steps_per_epoch: int
     num_classes: int
-    input_shape: tuple[int, ...]
+    input_shape: tuple[int, ...]  # of one sample as the model takes it (channels last)
     rank: int
     world: int
+    eval_store: Store | None = None
 
 
 def reader_options(cfg: TrainConfig, rank: int = 0, world: int = 1, shuffle: bool = True) -> ReaderOptions:
@@ -39,22 +47,96 @@ def reader_options(cfg: TrainConfig, rank: int = 0, world: int = 1, shuffle: boo
                          storage_options=cfg.storage_options)
 
 
+def eval_options(cfg: TrainConfig, field_name: str) -> ReaderOptions:
+    """The held-out store: every sample once, in order, on the field the model trains on."""
+    return replace(reader_options(cfg, shuffle=False), drop_last=False, delta_version=None, labels_csv=None,
+                   field_name=field_name)
+
+
 def plan(cfg: TrainConfig) -> Plan:
+    """Everything checked before the first step: the training store, the steps, the
+    warm-up, and the --eval-data store."""
     rank, world, _ = distributed_env()
     opts = reader_options(cfg, rank, world)
     store = open_store(cfg.data, cfg.fmt, opts)
-    if store.spec.shape is None:
-        raise TrainfeedError(f"{cfg.data}: field {store.spec.name!r} has no fixed shape (images of varying sizes); "
-                             "convert with --resize HxW")
-    if not store.spec.is_raw:
-        raise TrainfeedError(f"{cfg.data}: field {store.spec.name!r} holds encoded images; convert with "
-                             "--image-storage decoded to train from it")
-    if not store.schema.labeled:
-        raise TrainfeedError(f"{cfg.data}: store is unlabeled; training needs a label column")
+    input_shape = model_input_shape(store)
     full = check_sharding(store, world, cfg.batch_size)
     steps = min(full, cfg.steps_per_epoch) if cfg.steps_per_epoch else full
+    if cfg.warmup_steps > cfg.epochs * steps:
+        raise UsageError(f"--warmup-steps {cfg.warmup_steps} is more than the {cfg.epochs * steps} steps of this run "
+                         f"({cfg.epochs} epochs of {steps})")
     num_classes = cfg.num_classes or (len(store.schema.label_map) if store.schema.label_map else 2)
-    return Plan(store, opts, steps, num_classes, tuple(store.spec.shape), rank, world)
+    p = Plan(store, opts, steps, num_classes, input_shape, rank, world)
+    if cfg.eval_data:
+        p.eval_store = open_eval_store(cfg, p)
+    return p
+
+
+def model_input_shape(store: Store) -> tuple[int, ...]:
+    """One sample's shape as the models take it: (X, Y, Z, C) volumes, (H, W, C) images, and
+    (H, W) greyscale images given their channel axis. Refuses what no model can train on."""
+    spec, path = store.spec, store.path
+    if spec.shape is None:
+        raise TrainfeedError(f"{path}: field {spec.name!r} has no fixed shape (images of varying sizes); "
+                             "convert with --resize HxW")
+    if not spec.is_raw:
+        raise TrainfeedError(f"{path}: field {spec.name!r} holds encoded images; convert with "
+                             "--image-storage decoded to train from it")
+    if not store.schema.labeled:
+        raise TrainfeedError(f"{path}: store is unlabeled; training needs a label column")
+    shape = tuple(spec.shape)
+    if len(shape) == 2:
+        return (*shape, 1)
+    if len(shape) not in (3, 4):
+        raise TrainfeedError(f"{path}: field {spec.name!r} holds samples of shape {shape}; the models take images "
+                             "(H, W) or (H, W, C) and volumes (X, Y, Z, C)")
+    return shape
+
+
+def as_model_input(batch: Batch, shape: tuple[int, ...]) -> np.ndarray:
+    """The batch's samples in the model's shape (a view: only a channel axis may be added)."""
+    return batch.x.reshape((len(batch.ids), *shape))
+
+
+def open_eval_store(cfg: TrainConfig, p: Plan) -> Store:
+    """The --eval-data store, refused before training unless the trained model can score it:
+    same field, sample shape and dtype, labeled, labels within the model's classes."""
+    store = open_store(cfg.eval_data, None, eval_options(cfg, p.store.spec.name))
+    shape, train = model_input_shape(store), p.store.spec
+    if shape != p.input_shape or store.spec.dtype != train.dtype:
+        raise TrainfeedError(f"{cfg.eval_data}: --eval-data field {store.spec.name!r} holds {store.spec.dtype} "
+                             f"samples of shape {tuple(store.spec.shape)}; the model trains on {train.dtype} "
+                             f"samples of shape {tuple(train.shape)} from --data")
+    check_label_maps(p.store, store)
+    bounds = label_bounds(store)
+    if bounds is not None and (bounds[0] < 0 or bounds[1] >= p.num_classes):
+        unlabeled = " (-1: samples without a label)" if bounds[0] < 0 else ""
+        raise TrainfeedError(f"{cfg.eval_data}: --eval-data labels range over {bounds[0]}..{bounds[1]}{unlabeled}, "
+                             f"the model predicts 0..{p.num_classes - 1} (set --num-classes if the data has more "
+                             "classes)")
+    return store
+
+
+def check_label_maps(train: Store, held_out: Store) -> None:
+    """A class name must have the same index in both stores (else accuracy compares apples with pears)."""
+    ours, theirs = train.schema.label_map or {}, held_out.schema.label_map or {}
+    for name, index in theirs.items():
+        if name in ours and ours[name] != index:
+            raise TrainfeedError(f"{held_out.path}: class {name!r} is label {index} in --eval-data but {ours[name]} "
+                                 "in --data; convert both with the same labels")
+
+
+def checkpoint_signature(cfg: TrainConfig, p: Plan) -> str:
+    """What a checkpoint must match to be resumed: the data (by content, not by path) and the
+    model, not the pacing."""
+    key = {"data": store_identity(p.store), "field": p.store.spec.name, "framework": cfg.framework,
+           "width": cfg.width, "num_classes": p.num_classes, "seed": cfg.seed}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def notice(message: str) -> None:
+    """A line on stderr for the user (redacted, like everything trainfeed prints)."""
+    print(redact(f"train: {message}"), file=sys.stderr, flush=True)
 
 
 def check_labels(batch: Batch, num_classes: int, path: str) -> None:
@@ -170,14 +252,15 @@ def environment() -> dict:
 
 
 def summarize(cfg: TrainConfig, p: Plan, timer: StepTimer, util: UtilizationSampler, extra: dict) -> dict:
-    return {
+    """summary.json: redacted, as it is written to a file and printed (--json)."""
+    return redact_obj({
         "framework": cfg.framework, "device": cfg.device, "store": p.store.path, "format": p.store.fmt,
-        "delta_version": p.store.version, "field": p.store.spec.name, "sample_shape": list(p.input_shape),
+        "delta_version": p.store.version, "field": p.store.spec.name, "sample_shape": list(p.store.spec.shape),
         "batch_size": cfg.batch_size, "steps_per_epoch": p.steps_per_epoch, "epochs": cfg.epochs,
         "rank": p.rank, "world_size": p.world, "num_classes": p.num_classes,
         **timer.summary(), "utilization": util.summary(), "environment": environment(),
         "config": cfg.to_dict(), **extra,
-    }
+    })
 
 
 def record(timer: StepTimer, step: int, epoch: int, wait: float, compute: float, samples: int, nbytes: int,

@@ -2,6 +2,7 @@
 real headless browser, and its bad inputs."""
 from __future__ import annotations
 
+import html
 import json
 import shutil
 import socket
@@ -94,6 +95,14 @@ def test_unknown_store_and_node_are_usage_errors(tiny_dataset, tmp_path):
     assert res.exit_code == 2 and "unknown blob profile 'floppy'" in res.stderr
 
 
+def test_generate_with_a_shape_of_the_wrong_rank_is_a_usage_error(tmp_path):
+    res = bench_cli("generate", "volumes", tmp_path / "v", "--count", "2", "--shape", "4x4x2")
+    assert res.exit_code == 2 and res.stderr == "error: volumes --shape is XxYxZxC (at least 4 sizes), got '4x4x2'\n"
+    res = bench_cli("generate", "images", tmp_path / "i", "--count", "2", "--shape", "4x4x3")
+    assert res.exit_code == 2 and res.stderr == "error: images --shape is HxW\n"
+    assert not (tmp_path / "v").exists() and not (tmp_path / "i").exists()
+
+
 def test_malformed_profile_file(tiny_dataset, tmp_path):
     prof = tmp_path / "gpu.json"
     prof.write_text('{"name": "x", "fp32_tflops": ')
@@ -152,6 +161,82 @@ def test_partially_failed_matrix_keeps_completed_cells(tiny_dataset, tmp_path, m
     assert info["cells"] == 1 and info["errors"] == 1
     md = (tmp_path / "o" / "report.md").read_text()
     assert "## Cells that failed" in md and "disk on fire (injected)" in md
+
+
+@pytest.mark.azurite
+def test_remote_source_and_remote_labels_under_latency_emulation(azurite_server, tmp_path):
+    """SRC and --labels both on Azure Blob (Azurite), the blob store behind the azure-blob
+    latency emulation: the labels are read through the emulated filesystem with the source's
+    options (before: the emulation's options were handed to abfs and the run failed)."""
+    import fsspec
+
+    from converters import parquet
+
+    src = tmp_path / "vols"
+    assert bench_cli("generate", "volumes", src, "--count", "32", "--shape", "6x6x2x2", "--seed", "5").exit_code == 0
+    fs = fsspec.filesystem("abfs", **azurite_server.storage_options)
+    fs.mkdir("bench-remote")
+    fs.put(str(src), "bench-remote/vols", recursive=True)
+    out = tmp_path / "out"
+    res = bench_cli("run", "abfs://bench-remote/vols", "--labels", "abfs://bench-remote/vols/labels.csv",
+                    "--storage-option", f"connection_string={azurite_server.connection_string}",
+                    "--blob-profile", "azure-blob", "--out", out, "--nodes", "t4", "--stores", "blob,parquet",
+                    "--json", *TINY)
+    assert res.exit_code == 0, res.stderr
+    cells = {c["store"]: c for c in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    assert {s: c["kind"] for s, c in cells.items()} == {"blob": "cell", "parquet": "cell"}
+    blob = cells["blob"]
+    assert blob["blob_profile"] == "azure-blob" and blob["ingest_only"]["samples"] == 32
+    # 2 workers, 20 ms per emulated GET: at most 100 samples/s however fast Azurite answers
+    assert 0 < blob["ingest_only"]["samples_per_s"] <= 100 * 1.05
+    expected = dict(line.split(",") for line in (src / "labels.csv").read_text().splitlines()[1:])
+    stored = {sid: label for sid, label, _ in parquet.read_samples(out / "stores" / "parquet")}
+    assert stored == {sid: int(label) for sid, label in expected.items()}
+
+
+def test_labels_on_other_storage_than_an_emulated_source_is_a_usage_error(tiny_dataset, tmp_path):
+    res = bench_cli("run", tiny_dataset, "--labels", "s3://bucket/labels.csv", "--out", tmp_path / "o",
+                    "--nodes", "t4", "--stores", "blob", *TINY)
+    assert res.exit_code == 2
+    assert "--labels s3://bucket/labels.csv: under --blob-profile the labels must be a local file or on the same " \
+           "storage as SRC (file://)" in res.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_matrix_where_every_cell_fails_still_reports_why(tiny_dataset, tmp_path):
+    """A labels CSV that labels none of the files: the blob store cannot open, the Parquet
+    store cannot be converted. Every cell fails; the report, CSV and JSONL say why; exit 1."""
+    import csv
+
+    labels = tmp_path / "other.csv"
+    labels.write_text("id,label\nnot_a_sample,1\n")
+    out = tmp_path / "o"
+    res = bench_cli("run", tiny_dataset, "--labels", labels, "--out", out, "--nodes", "t4,h100",
+                    "--stores", "blob,parquet", "--json", *TINY)
+    assert res.exit_code == 1
+    info = json.loads(res.stdout)
+    assert info["cells"] == 0 and info["errors"] == 4 and info["failed_cells"] == 4
+    blob_why = f"emulated://{tiny_dataset}: 96 files have no label in emulated://{labels}, e.g. 'vol_000000'"
+    parquet_why = (f"{tiny_dataset}/vol_000000.npy: no label for id 'vol_000000' in {labels} (96 files without a "
+                   "label; --on-error skip converts the rest)")
+    assert res.stderr.splitlines()[-1] == (f"error: {out / 'report.md'}: no cell was measured: all 4 failed; "
+                                           f"first failure: blob x t4 torch (prepare): {blob_why}")
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["store"], r["node"], r["framework"], r["stage"], r["error"]) for r in records] == [
+        ("error", "blob", "t4", "torch", "prepare", blob_why), ("error", "blob", "h100", "torch", "prepare", blob_why),
+        ("error", "parquet", "t4", "torch", "prepare", parquet_why),
+        ("error", "parquet", "h100", "torch", "prepare", parquet_why)]
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert [(r["store"], r["node"], r["failed_stage"], r["error"], r["samples_per_s"]) for r in rows] == [
+        ("blob", "t4", "prepare", blob_why, ""), ("blob", "h100", "prepare", blob_why, ""),
+        ("parquet", "t4", "prepare", parquet_why, ""), ("parquet", "h100", "prepare", parquet_why, "")]
+    md = (out / "report.md").read_text()
+    assert "**No cell was measured**: all 4 failed" in md
+    assert f"| parquet | h100 | torch | 0 | prepare | {parquet_why} |" in md
+    page = (out / "report.html").read_text()
+    assert page.count("<tr>") == 5 and "<td>prepare</td>" in page and html.escape(parquet_why) in page
+    again = bench_cli("report", out)  # rebuilding the report of such a run fails the same way
+    assert again.exit_code == 1 and again.stderr.splitlines()[-1] == res.stderr.splitlines()[-1]
 
 
 def test_calibrate_writes_a_profile_run_can_use(tmp_path):

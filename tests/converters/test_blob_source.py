@@ -2,15 +2,22 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import fsspec
 import numpy as np
 import pytest
 
 from converters import hdf5
+from converters.sources import DEFAULT_CALL_TIMEOUT_S
 from tests.conftest import write_volumes
 
 pytestmark = pytest.mark.azurite
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_convert_from_abfs_url_with_storage_options(tmp_path, azurite_server, convert_cli):
@@ -45,3 +52,53 @@ def test_blob_errors_name_the_blob(tmp_path, azurite_server, convert_cli):
                       "--storage-option", f"connection_string={conn}")
     assert res.exit_code == 1 and "abfs://missing/vols" in res.stderr
     assert conn not in res.stderr
+
+
+def open_for_writing_once_read(fifo: Path, proc: subprocess.Popen, timeout: float = 60):
+    """The FIFO opened for writing as soon as ``proc`` opens it for reading."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return os.fdopen(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK), "w")
+        except OSError:  # ENXIO: no reader yet
+            assert proc.poll() is None, proc.communicate()[1]
+            time.sleep(0.05)
+    raise AssertionError(f"the conversion never opened {fifo}")
+
+
+@pytest.mark.slow
+def test_endpoint_gone_mid_conversion_fails_within_the_call_timeout(tmp_path):
+    """The blobs are listed, then the endpoint goes away: every read fails within the default
+    call_timeout (not after minutes of the client's own retries), naming the blob."""
+    from benchmarks import azurite
+
+    src = tmp_path / "vols"
+    write_volumes(src, 8)
+    fifo = tmp_path / "labels.fifo"
+    os.mkfifo(fifo)  # the conversion reads its labels after listing: it waits here for them
+    server = azurite.start()
+    try:
+        fs = fsspec.filesystem("abfs", **server.storage_options, skip_instance_cache=True)
+        fs.mkdir("gone")
+        fs.put(str(src), "gone/vols", recursive=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "converters", "abfs://gone/vols", str(tmp_path / "o.h5"), "--to", "hdf5",
+             "--labels", str(fifo), "--storage-option", f"connection_string={server.connection_string}",
+             "--no-progress"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        labels = open_for_writing_once_read(fifo, proc)
+    finally:
+        server.stop()
+    started = time.monotonic()
+    with labels:
+        labels.write((src / "labels.csv").read_text())
+    try:
+        _, stderr = proc.communicate(timeout=4 * DEFAULT_CALL_TIMEOUT_S)
+    finally:
+        proc.kill()
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 1
+    assert stderr == (f"error: abfs://gone/vols/v000.npy: the storage did not answer within "
+                      f"{DEFAULT_CALL_TIMEOUT_S:g} s (retries included); check that it is reachable, or allow "
+                      "longer with --storage-option call_timeout=SECONDS\n")
+    assert DEFAULT_CALL_TIMEOUT_S <= elapsed < DEFAULT_CALL_TIMEOUT_S + 15
+    assert not (tmp_path / "o.h5").exists()

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -143,3 +145,82 @@ def test_delta_append_to_a_new_destination_creates_the_table(tmp_path, volumes, 
     res = convert_cli(src, dst, "--to", "delta", "--mode", "append", "--verify", "--json")
     assert res.exit_code == 0, res.stderr
     assert delta.read_schema(dst).samples == len(truth) and delta.open_table(dst).version() == 0
+
+
+@pytest.mark.parametrize("label", [str(2**63), str(-(2**63) - 1), "123456789012345678901234567890"])
+def test_label_outside_int64_names_its_line(tmp_path, volumes, convert_cli, label):
+    src, _ = volumes
+    csv_path = tmp_path / "big.csv"
+    lines = (src / "labels.csv").read_text().splitlines()
+    lines[4] = f"v003,{label}"
+    csv_path.write_text("\n".join(lines) + "\n")
+    for on_error in ("fail", "skip"):  # the labels file is wrong, not one sample: nothing is converted
+        res = convert_cli(src, tmp_path / "o.parquet", "--to", "parquet", "--labels", csv_path, "--on-error", on_error)
+        assert res.exit_code == 1
+        assert res.stderr == f"error: {csv_path}, line 5: label {label} does not fit in a 64-bit integer\n"
+        assert not (tmp_path / "o.parquet").exists()
+
+
+def volumes_labelled(tmp_path, labels: list) -> tuple:
+    """Volumes under tmp_path/v and a CSV giving them ``labels`` in order: (src, csv, id -> label)."""
+    src = tmp_path / "v"
+    wanted = dict(zip(write_volumes(src, len(labels), labels_csv=False), labels))
+    csv_path = tmp_path / "l.csv"
+    csv_path.write_text("id,label\n" + "".join(f"{sid},{lab}\n" for sid, lab in wanted.items()))
+    return src, csv_path, wanted
+
+
+def test_int64_limits_are_labels(tmp_path, convert_cli):
+    src, csv_path, wanted = volumes_labelled(tmp_path, [2**63 - 1, -(2**63), 0])
+    dst = tmp_path / "o.parquet"
+    assert convert_cli(src, dst, "--to", "parquet", "--labels", csv_path, "--verify").exit_code == 0
+    assert labels_of(dst) == wanted
+
+
+@pytest.mark.parametrize("labels,line,message", [
+    (["1", "2", "cat", "10"], 4, "label 'cat' is a class name, but line 2 has the integer label '1'"),
+    (["cat", "dog", "2", "bird"], 4, "label '2' is an integer, but line 2 has the class name 'cat'"),
+    (["0", "1.5", "1"], 3, "label '1.5' is a class name, but line 2 has the integer label '0'"),
+])
+def test_mixed_integer_and_class_name_labels(tmp_path, convert_cli, labels, line, message):
+    src, csv_path, _ = volumes_labelled(tmp_path, labels)
+    res = convert_cli(src, tmp_path / "o.parquet", "--to", "parquet", "--labels", csv_path)
+    assert res.exit_code == 1
+    assert res.stderr == f"error: {csv_path}, line {line}: {message}; use integer labels or class names throughout\n"
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_integer_labels_are_numbers_not_sorted_names(tmp_path, convert_cli):
+    src, csv_path, wanted = volumes_labelled(tmp_path, [10, 2, 1])
+    dst = tmp_path / "o.parquet"
+    res = convert_cli(src, dst, "--to", "parquet", "--labels", csv_path, "--json")
+    assert res.exit_code == 0 and json.loads(res.stdout)["label_map"] is None
+    assert labels_of(dst) == wanted
+
+
+@pytest.mark.parametrize("header,column,times", [
+    ("id,label,label", "label", 2), ("id,id,label", "id", 2), ("label, id ,label,label ", "label", 3),
+])
+def test_duplicated_header_column(tmp_path, volumes, convert_cli, header, column, times):
+    src, _ = volumes
+    csv_path = tmp_path / "dup.csv"
+    width = len(header.split(","))
+    csv_path.write_text(header + "\n" + "v000" + ",1" * (width - 1) + "\n")
+    res = convert_cli(src, tmp_path / "o.parquet", "--to", "parquet", "--labels", csv_path)
+    assert res.exit_code == 1
+    assert res.stderr == (f"error: {csv_path}: header names column {column!r} {times} times "
+                          "(which one holds the labels?); keep one\n")
+
+
+def test_labels_from_a_pipe(tmp_path, volumes, convert_cli):
+    """--labels <(...): a FIFO is read as it comes (it cannot be seeked)."""
+    src, truth = volumes
+    fifo = tmp_path / "labels.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=fifo.write_text, args=((src / "labels.csv").read_text(),), daemon=True)
+    writer.start()  # blocks in open() until the conversion opens the FIFO for reading
+    dst = tmp_path / "o.parquet"
+    res = convert_cli(src, dst, "--to", "parquet", "--labels", fifo)
+    writer.join(timeout=30)
+    assert res.exit_code == 0, res.stderr
+    assert labels_of(dst) == {sid: lab for sid, (_, lab) in truth.items()}

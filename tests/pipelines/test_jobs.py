@@ -100,13 +100,17 @@ def test_storage_ab_job_tasks_and_report(source, tmp_path):
 
 
 def test_train_job_distributed_on_local_spark(source, spark, tmp_path):
+    """Self-contained: the store the job reads is converted here, at the path the bundle names."""
+    from converters.cli import app
     from pipelines import train
 
-    root, src, _ = source
-    store = root / "out" / "stores" / "delta"
-    if not store.exists():
-        pytest.skip("needs the repack job's output (test order)")
-    args = params("train", "train", local_vars(root, src) | {"train_processes": "2"})
+    _, src, _ = source
+    variables = local_vars(tmp_path, src) | {"train_processes": "2"}
+    store = tmp_path / "out" / "stores" / "delta"
+    res = run_cli(app, src, store, "--to", "delta", "--labels", src / "labels.csv", "--row-group-size", "64KB",
+                  "--no-progress")
+    assert res.exit_code == 0, res.stderr
+    args = params("train", "train", variables)
     args = [("cpu" if a == "cuda" else a) for a in args] + ["--width", "8", "--batch-size", "8",
                                                           "--steps-per-epoch", "2", "--workers", "1"]
     args[args.index("--out") + 1] = str(tmp_path / "train")

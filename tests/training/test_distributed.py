@@ -26,7 +26,7 @@ def test_torch_distributor_two_processes_share_the_work(tmp_path, learnable, spa
         assert len((out / name).read_text().splitlines()) == summary["steps"]
     assert summary["steps"] * 16 * 2 <= 384
     # DDP kept the replicas identical: the checkpoints of both ranks hold the same weights
-    w0 = torch.load(ckpt / "checkpoint.pt", weights_only=False)["model"]
-    w1 = torch.load(ckpt / "checkpoint-rank1.pt", weights_only=False)["model"]
+    w0 = torch.load(ckpt / "checkpoint.pt", weights_only=True)["model"]
+    w1 = torch.load(ckpt / "checkpoint-rank1.pt", weights_only=True)["model"]
     assert w0.keys() == w1.keys()
     assert all(torch.equal(w0[k], w1[k]) for k in w0 if not k.endswith(("running_mean", "running_var")))
