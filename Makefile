@@ -32,10 +32,10 @@ demo: install
 	bash scripts/demo.sh $(DEMO)
 
 bench-convert: install
-	$(PY) -m benchmarks.convert_bench --out bench-out/convert.jsonl
+	$(PY) -m trainfeed.benchmarks.convert_bench --out bench-out/convert.jsonl
 
 bench-loader: install
-	$(PY) -m benchmarks.loader_bench --out bench-out/loader.jsonl
+	$(PY) -m trainfeed.benchmarks.loader_bench --out bench-out/loader.jsonl
 
 clean:
 	rm -rf $(VENV) $(DEMO) bench-out .pytest_cache

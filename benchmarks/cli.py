@@ -12,10 +12,10 @@ from typing import List, Optional
 
 import typer
 
-from converters.cli import exit_codes
-from converters.errors import TrainfeedError, UsageError
-from converters.progress import progress_bar
-from converters.redact import redact, redact_json, register_storage_options
+from trainfeed.converters.cli import exit_codes
+from trainfeed.converters.errors import TrainfeedError, UsageError
+from trainfeed.converters.progress import progress_bar
+from trainfeed.converters.redact import redact, redact_json, register_storage_options
 
 from . import report as report_mod
 from .azurite import AzuriteError
@@ -133,7 +133,7 @@ def run(
     catalog: Path = typer.Option(CATALOG, "--catalog", help="Instance catalog CSV (prices with date and source)."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    from converters.cli import parse_storage_options
+    from trainfeed.converters.cli import parse_storage_options
 
     from .matrix import MatrixConfig, run_matrix
 

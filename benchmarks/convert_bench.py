@@ -6,7 +6,7 @@ is paired with a raw copy measured just before it, and the ratio is taken per pa
 machine's noise (page-cache writeback, other tenants) hits both sides alike. The page cache
 is warm for every case (the dataset is read once first). Results go to JSON lines.
 
-    python -m benchmarks.convert_bench --out bench-out/convert.jsonl [--gb 1.0]
+    python -m trainfeed.benchmarks.convert_bench --out bench-out/convert.jsonl [--gb 1.0]
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from converters.convert import ConvertConfig, convert
-from converters.options import WriteOptions
+from trainfeed.converters.convert import ConvertConfig, convert
+from trainfeed.converters.options import WriteOptions
 
 from .synth import VOLUME_SHAPE, generate_volumes
 

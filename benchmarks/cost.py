@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from converters.errors import TrainfeedError
+from trainfeed.converters.errors import TrainfeedError
 
 from .profiles import ACCELERATORS, calibration_key, step_seconds
 

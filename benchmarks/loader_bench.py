@@ -3,7 +3,7 @@ limit measured in the same run: reading the same Parquet files into Arrow memory
 pyarrow, no decoding beyond it. No model: this is the "ingest-only" leg of the
 differential stall analysis.
 
-    python -m benchmarks.loader_bench --out bench-out/loader.jsonl [--gb 1.0]
+    python -m trainfeed.benchmarks.loader_bench --out bench-out/loader.jsonl [--gb 1.0]
 """
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from converters.convert import ConvertConfig, convert
-from converters.errors import TrainfeedError
-from converters.options import WriteOptions
-from training.readers import ReaderOptions, iter_batches, open_store
+from trainfeed.converters.convert import ConvertConfig, convert
+from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.options import WriteOptions
+from trainfeed.training.readers import ReaderOptions, iter_batches, open_store
 
 from .convert_bench import ensure_dataset, environment
 
@@ -48,7 +48,7 @@ def build_stores(src: Path, work: Path) -> dict[str, Path]:
 
 def raw_limit(store: Path) -> tuple[float, int]:
     """Seconds to read every Parquet file of ``store`` into Arrow memory (pyarrow's own threads)."""
-    from converters import parquet
+    from trainfeed.converters import parquet
 
     files = parquet.data_files(store)
     t0 = time.perf_counter()

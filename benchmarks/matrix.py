@@ -14,15 +14,15 @@ from typing import Callable
 
 import numpy as np
 
-from converters.convert import ConvertConfig, convert
-from converters.errors import TrainfeedError, UsageError
-from converters.options import WriteOptions
-from converters.redact import redact, redact_obj, register_storage_options
-from converters.stores import detect_format
-from training.config import TrainConfig
-from training.metrics import StepTimer, UtilizationSampler
-from training.readers import ReaderOptions, iter_batches, open_store
-from training.run import Prefetcher, record
+from trainfeed.converters.convert import ConvertConfig, convert
+from trainfeed.converters.errors import TrainfeedError, UsageError
+from trainfeed.converters.options import WriteOptions
+from trainfeed.converters.redact import redact, redact_obj, register_storage_options
+from trainfeed.converters.stores import detect_format
+from trainfeed.training.config import TrainConfig
+from trainfeed.training.metrics import StepTimer, UtilizationSampler
+from trainfeed.training.readers import ReaderOptions, iter_batches, open_store
+from trainfeed.training.run import Prefetcher, record
 
 from .profiles import ACCELERATORS, calibration_key, load_accelerator, model_flops, step_seconds
 
@@ -129,7 +129,7 @@ def blob_source(cfg: MatrixConfig) -> StoreSource:
     profile is set (emulated://, whose options hold the real backend's options)."""
     if not cfg.blob_profile:
         return StoreSource(cfg.src, dict(cfg.storage_options), "blob", cfg.labels_csv)
-    import benchmarks.blobsim  # noqa: F401  registers emulated://
+    import trainfeed.benchmarks.blobsim  # noqa: F401  registers emulated://
 
     target, path = _split_location(cfg.src)
     opts = {"target": target, "profile": cfg.blob_profile, "target_options": dict(cfg.storage_options)}
@@ -195,7 +195,7 @@ def compute_only_torch(shape, batch: int, width: int, steps: int, device: str = 
     """Median seconds of a real training step on synthetic data already on the device."""
     import torch
 
-    from training.models_torch import build
+    from trainfeed.training.models_torch import build
 
     dev = torch.device(device)
     model = build(tuple(shape), 1, width).to(dev)
@@ -221,7 +221,7 @@ def compute_only_tf(shape, batch: int, width: int, steps: int) -> float:
     import keras
     import tensorflow as tf
 
-    from training.models_tf import build
+    from trainfeed.training.models_tf import build
 
     model = build(tuple(shape), 1, width)
     opt = keras.optimizers.Adam()
@@ -267,7 +267,7 @@ def emulated_run(src: StoreSource, opts: ReaderOptions, step_s: float, steps: in
 
 
 def real_cpu_run(src: StoreSource, cfg: MatrixConfig, framework: str, out_dir: Path, device: str = "cpu") -> dict:
-    from training.cli import run
+    from trainfeed.training.cli import run
 
     tcfg = TrainConfig(data=src.path, fmt=src.fmt, framework=framework,
                        device=device, batch_size=cfg.batch_size, steps_per_epoch=cfg.cpu_steps, epochs=1,

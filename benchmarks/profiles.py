@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from converters.errors import TrainfeedError, UsageError
+from trainfeed.converters.errors import TrainfeedError, UsageError
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def model_flops(input_shape: tuple[int, ...], width: int = 64, outputs: int = 1)
     """Training FLOPs per sample of the ResNet-18 (forward MACs x 2, backward ~2x forward)."""
     import torch
 
-    from training.models_torch import build
+    from trainfeed.training.models_torch import build
 
     model = build(input_shape, outputs, width).eval()  # eval: batch-norm accepts a batch of one
     macs = [0]

@@ -7,7 +7,7 @@ import html
 from datetime import datetime, timezone
 from pathlib import Path
 
-from converters.redact import redact
+from trainfeed.converters.redact import redact
 
 from .cost import CATALOG, load_catalog, project, recommend
 from .matrix import load_results

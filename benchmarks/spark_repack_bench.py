@@ -1,7 +1,7 @@
 """The Spark repack job on local Spark with 1 and 2 cores, same data, one run: how it scales.
-Runs the job as its users do (``python -m pipelines.repack``), each in a fresh JVM.
+Runs the job as its users do (``python -m trainfeed.pipelines.repack``), each in a fresh JVM.
 
-    python -m benchmarks.spark_repack_bench --out bench-out/spark-repack.jsonl [--gb 0.5]
+    python -m trainfeed.benchmarks.spark_repack_bench --out bench-out/spark-repack.jsonl [--gb 0.5]
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
                 dst = work / f"spark-repack-{cores}"
                 shutil.rmtree(dst, ignore_errors=True)
                 t0 = time.perf_counter()
-                res = subprocess.run([sys.executable, "-m", "pipelines.repack", "--src", str(src), "--dst", str(dst),
+                res = subprocess.run([sys.executable, "-m", "trainfeed.pipelines.repack", "--src", str(src), "--dst", str(dst),
                                       "--to", "delta", "--labels", str(src / "labels.csv"), "--cores", cores, "--json"],
                                      capture_output=True, text=True)
                 seconds = time.perf_counter() - t0

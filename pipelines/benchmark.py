@@ -4,8 +4,8 @@
 single-node GPU cluster), results to OUT/<node-label>/results.jsonl. `merge`: concatenate
 the cells of several such runs into OUT/results.jsonl and build one report.
 
-    python -m pipelines.benchmark run --src DIR --out DIR --label cpu-node --nodes cpu
-    python -m pipelines.benchmark merge --out DIR --inputs cpu-node,gpu-node
+    python -m trainfeed.pipelines.benchmark run --src DIR --out DIR --label cpu-node --nodes cpu
+    python -m trainfeed.pipelines.benchmark merge --out DIR --inputs cpu-node,gpu-node
 """
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import json
 import sys
 from pathlib import Path
 
-from converters.errors import TrainfeedError, UsageError
-from converters.redact import redact
+from trainfeed.converters.errors import TrainfeedError, UsageError
+from trainfeed.converters.redact import redact
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="pipelines.benchmark", description=__doc__,
+    ap = argparse.ArgumentParser(prog="trainfeed.pipelines.benchmark", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the matrix on this node")
@@ -45,7 +45,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from benchmarks.matrix import MatrixConfig, run_matrix
+    from trainfeed.benchmarks.matrix import MatrixConfig, run_matrix
 
     def csv(text):
         return tuple(x for x in text.split(",") if x)
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def merge(args: argparse.Namespace) -> dict:
-    from benchmarks import report
+    from trainfeed.benchmarks import report
 
     out = Path(args.out)
     lines = []

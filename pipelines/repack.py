@@ -7,7 +7,7 @@ Delta: on Databricks, delta-spark writes the table and runs OPTIMIZE (ZORDER BY 
 where Spark's Delta jars cannot be fetched, Spark writes the Parquet files and delta-rs
 commits them in one transaction. The result is sample-for-sample what `convert` writes.
 
-    python -m pipelines.repack --src DIR --dst STORE --to delta [--labels CSV] [--on-error skip]
+    python -m trainfeed.pipelines.repack --src DIR --dst STORE --to delta [--labels CSV] [--on-error skip]
 """
 from __future__ import annotations
 
@@ -21,16 +21,16 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from converters import __version__
-from converters.commit import DestinationLock, Staging
-from converters.convert import check_apart, check_destination, destination_path, source_location, write_rejects_report
-from converters.errors import SampleError, TrainfeedError, UsageError
-from converters.labels import resolve_labels
-from converters.layout import DATASET_META, ID, LABEL, MANIFEST, DatasetSchema, arrow_schema, to_record_batch
-from converters.options import WriteOptions, parse_size
-from converters.redact import redact
-from converters.samples import SchemaGuard, load_sample
-from converters.sources import ImageOptions, Sample, decode_sample, list_source
+from trainfeed.converters import __version__
+from trainfeed.converters.commit import DestinationLock, Staging
+from trainfeed.converters.convert import check_apart, check_destination, destination_path, source_location, write_rejects_report
+from trainfeed.converters.errors import SampleError, TrainfeedError, UsageError
+from trainfeed.converters.labels import resolve_labels
+from trainfeed.converters.layout import DATASET_META, ID, LABEL, MANIFEST, DatasetSchema, arrow_schema, to_record_batch
+from trainfeed.converters.options import WriteOptions, parse_size
+from trainfeed.converters.redact import redact
+from trainfeed.converters.samples import SchemaGuard, load_sample
+from trainfeed.converters.sources import ImageOptions, Sample, decode_sample, list_source
 
 from .spark import get_spark, on_databricks
 
@@ -38,7 +38,7 @@ PATH, ERROR = "_path", "_error"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="pipelines.repack", description=__doc__,
+    ap = argparse.ArgumentParser(prog="trainfeed.pipelines.repack", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--src", required=True, help="folder of .npy/.npz/JPEG/PNG files (local, dbfs:/, abfss://, ...)")
     ap.add_argument("--dst", required=True, help="output store (a local path or, on Databricks, a volume path)")
@@ -184,7 +184,7 @@ def _repack(args: argparse.Namespace, dst: Path, spark) -> dict:
         staging.commit()
     decoded.unpersist()
     if args.to == "delta" and args.optimize and not on_databricks():
-        from converters import delta
+        from trainfeed.converters import delta
 
         delta.optimize(dst, target_size=args.target_file_size,
                        opts=WriteOptions(row_group_size=args.row_group_size, compression=args.compression))

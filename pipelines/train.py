@@ -1,7 +1,7 @@
 """Job entry point for training: one process, or N data-parallel processes through pyspark's
 TorchDistributor (a cluster's GPUs or CPU slots; local mode on a single node).
 
-    python -m pipelines.train --data STORE --out DIR [--processes 2] [--device cuda] [train options]
+    python -m trainfeed.pipelines.train --data STORE --out DIR [--processes 2] [--device cuda] [train options]
 """
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import argparse
 import json
 import sys
 
-from converters.errors import TrainfeedError
-from converters.redact import redact
-from training.cli import run as train_one
-from training.config import TrainConfig, check
+from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.redact import redact
+from trainfeed.training.cli import run as train_one
+from trainfeed.training.config import TrainConfig, check
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="pipelines.train", description=__doc__,
+    ap = argparse.ArgumentParser(prog="trainfeed.pipelines.train", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True)
     ap.add_argument("--out", required=True)
@@ -45,7 +45,7 @@ def train(args: argparse.Namespace) -> dict:
     check(cfg)
     if args.framework != "torch":
         raise TrainfeedError("--processes > 1 is the PyTorch path (TorchDistributor)")
-    from training.distributed import train_distributed
+    from trainfeed.training.distributed import train_distributed
 
     from .spark import get_spark
 

@@ -31,7 +31,7 @@ def run_cli(app, *args: str) -> Result:
 
 @pytest.fixture
 def convert_cli():
-    from converters.cli import app
+    from trainfeed.converters.cli import app
 
     return lambda *args: run_cli(app, *args, "--no-progress")
 
@@ -91,7 +91,7 @@ def images(tmp_path):
 @pytest.fixture(scope="session")
 def spark():
     """A real local Spark session (Java 17 is on the machine)."""
-    from pipelines.spark import get_spark
+    from trainfeed.pipelines.spark import get_spark
 
     session = get_spark("trainfeed-tests", cores=2)
     yield session
@@ -101,7 +101,7 @@ def spark():
 @pytest.fixture(scope="session")
 def azurite_server():
     """A real Azure Blob endpoint (Azurite) on a free loopback port."""
-    from benchmarks import azurite
+    from trainfeed.benchmarks import azurite
 
     with azurite.start() as server:
         yield server
@@ -114,8 +114,8 @@ LEARN_SHAPE = (12, 12, 4, 2)
 def learnable(tmp_path_factory):
     """A learnable volume dataset (label = sign of a region mean), split into train and
     held-out folders, and the train split converted into every format."""
-    from benchmarks.synth import generate_volumes
-    from converters.cli import app
+    from trainfeed.benchmarks.synth import generate_volumes
+    from trainfeed.converters.cli import app
 
     root = tmp_path_factory.mktemp("learnable")
     generate_volumes(root / "train", 384, shape=LEARN_SHAPE, seed=11)

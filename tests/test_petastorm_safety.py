@@ -34,13 +34,13 @@ def plant_common_metadata(store, marker) -> None:
 
 
 def convert_cli(*args):
-    from converters.cli import app
+    from trainfeed.converters.cli import app
 
     return run_cli(app, *args, "--no-progress")
 
 
 def train_cli(*args):
-    from training.cli import app
+    from trainfeed.training.cli import app
 
     return run_cli(app, *args, "--no-progress")
 
@@ -85,7 +85,7 @@ def test_train_never_unpickles_a_planted_common_metadata(planted, tmp_path, fmt)
 @pytest.mark.parametrize("fmt", ["parquet", "delta"])
 def test_store_readers_never_unpickle_a_planted_common_metadata(planted, fmt):
     """What `convert --verify` reads a store with: every sample comes back, bit for bit."""
-    from converters.stores import FORMATS
+    from trainfeed.converters.stores import FORMATS
 
     rows = list(FORMATS[fmt].read_samples(planted["stores"][fmt]))
     assert [r[0] for r in rows] == sorted(planted["samples"])

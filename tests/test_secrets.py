@@ -20,7 +20,7 @@ AZ = "secrets"  # container on the test Azurite
 
 def account_key_parts() -> tuple[str, ...]:
     """The key, and its longest run before a character that URL-encoding would change."""
-    from benchmarks.azurite import ACCOUNT_KEY
+    from trainfeed.benchmarks.azurite import ACCOUNT_KEY
 
     return ACCOUNT_KEY, ACCOUNT_KEY.split("/")[0]
 
@@ -69,7 +69,7 @@ def remote(azurite_server, tmp_path_factory):
     (f"abfs://{AZ}/vols", f"abfs://user:PLANTED4@{AZ}/none.csv", "PLANTED4", f"abfs://{AZ}/none.csv"),
 ], ids=["sas-in-src", "userinfo-in-src", "sas-in-labels", "userinfo-in-labels"])
 def test_convert_failures_print_no_secret(remote, tmp_path, src, labels, secret, shown):
-    res = command("converters", src, tmp_path / "out", "--to", "parquet", "--no-progress",
+    res = command("trainfeed.converters", src, tmp_path / "out", "--to", "parquet", "--no-progress",
                   "--storage-option", f"connection_string={remote['conn']}", *(["--labels", labels] if labels else []),
                   cwd=tmp_path)
     assert res.returncode in (1, 2) and res.stderr.startswith("error: ") and "Traceback" not in res.stderr
@@ -86,7 +86,7 @@ def test_convert_failures_print_no_secret(remote, tmp_path, src, labels, secret,
 def test_converted_store_summary_and_rejects_hold_no_secret(remote, tmp_path, fmt, dst_name, credentials):
     by_option = ["--storage-option", f"connection_string={remote['conn']}"] if credentials == "option" else []
     env = {"AZURE_STORAGE_CONNECTION_STRING": remote["conn"]} if credentials == "environment" else {}
-    res = command("converters", f"abfs://{AZ}/vols", tmp_path / dst_name, "--to", fmt, "--labels",
+    res = command("trainfeed.converters", f"abfs://{AZ}/vols", tmp_path / dst_name, "--to", fmt, "--labels",
                   f"abfs://{AZ}/vols/labels.csv", "--on-error", "skip", "--json", "--no-progress", *by_option,
                   cwd=tmp_path, env=env)
     assert res.returncode == 0, res.stderr
@@ -106,7 +106,7 @@ def test_converted_store_summary_and_rejects_hold_no_secret(remote, tmp_path, fm
     (f"abfs://{AZ}/vols", f"abfs://{AZ}/none.csv?sv=2024-01-01&sig=PLANTED7", "PLANTED7", f"abfs://{AZ}/none.csv?***"),
 ], ids=["sas-in-data", "userinfo-in-data", "sas-in-labels"])
 def test_train_failures_print_and_write_no_secret(remote, tmp_path, data, labels, secret, shown):
-    res = command("training", "--data", data, "--format", "blob", "--out", tmp_path / "out", "--no-progress",
+    res = command("trainfeed.training", "--data", data, "--format", "blob", "--out", tmp_path / "out", "--no-progress",
                   "--storage-option", f"connection_string={remote['conn']}", *(["--labels", labels] if labels else []),
                   cwd=tmp_path)
     assert res.returncode in (1, 2) and res.stderr.startswith("error: ") and "Traceback" not in res.stderr
@@ -134,7 +134,7 @@ def clean_remote(remote, azurite_server, tmp_path_factory):
 @pytest.mark.slow
 def test_storage_bench_on_azurite_prints_and_writes_no_key(remote, clean_remote, tmp_path):
     out = tmp_path / "ab"
-    res = command("benchmarks.cli", "run", f"abfs://{AZ}/clean", "--labels", f"abfs://{AZ}/clean/labels.csv",
+    res = command("trainfeed.benchmarks.cli", "run", f"abfs://{AZ}/clean", "--labels", f"abfs://{AZ}/clean/labels.csv",
                   "--storage-option", f"connection_string={remote['conn']}", "--out", out, "--nodes", "cpu,t4",
                   "--stores", "blob,parquet", "--json", *BENCH_TINY, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
@@ -148,7 +148,7 @@ def test_storage_bench_on_azurite_prints_and_writes_no_key(remote, clean_remote,
 @pytest.mark.azurite
 def test_storage_bench_failing_on_a_sas_url_prints_and_writes_no_secret(remote, tmp_path):
     out = tmp_path / "ab"
-    res = command("benchmarks.cli", "run", f"abfs://{AZ}/missing?sv=2024-01-01&sig=PLANTED8", "--out", out,
+    res = command("trainfeed.benchmarks.cli", "run", f"abfs://{AZ}/missing?sv=2024-01-01&sig=PLANTED8", "--out", out,
                   "--storage-option", f"connection_string={remote['conn']}", "--nodes", "t4",
                   "--stores", "blob,parquet", *BENCH_TINY, cwd=tmp_path)
     assert res.returncode == 1 and "no cell was measured: all 2 failed" in res.stderr
@@ -163,7 +163,7 @@ def test_storage_bench_own_azurite_backend_writes_no_key(tmp_path):
     src = tmp_path / "vols"
     write_volumes(src, 8, shape=(4, 4, 2))
     out = tmp_path / "ab"
-    res = command("benchmarks.cli", "run", src, "--blob-backend", "azurite", "--out", out, "--nodes", "t4",
+    res = command("trainfeed.benchmarks.cli", "run", src, "--blob-backend", "azurite", "--out", out, "--nodes", "t4",
                   "--stores", "blob", "--json", *BENCH_TINY, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["cells"] == 1

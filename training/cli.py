@@ -1,5 +1,5 @@
 """`train --data STORE`: train the 3D (volumes) or 2D (images) ResNet-18 from any layout and
-account for every step. Also `python -m training`."""
+account for every step. Also `python -m trainfeed.training`."""
 from __future__ import annotations
 
 import json
@@ -9,8 +9,8 @@ from typing import List, Optional
 
 import typer
 
-from converters.cli import exit_codes, parse_storage_options
-from converters.redact import redact, redact_json
+from trainfeed.converters.cli import exit_codes, parse_storage_options
+from trainfeed.converters.redact import redact, redact_json
 
 from .config import TrainConfig, check
 

@@ -6,7 +6,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from converters.errors import TrainfeedError, UsageError
+from trainfeed.converters.errors import TrainfeedError, UsageError
 
 FRAMEWORKS = ("torch", "tf")
 #: numpy's seeding takes 32-bit seeds (and Keras seeds numpy).

@@ -9,8 +9,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
-from converters.errors import TrainfeedError  # noqa: E402
-from converters.progress import progress_bar  # noqa: E402
+from trainfeed.converters.errors import TrainfeedError  # noqa: E402
+from trainfeed.converters.progress import progress_bar  # noqa: E402
 
 from .config import TrainConfig, distributed_env  # noqa: E402
 from .metrics import StepTimer, UtilizationSampler  # noqa: E402

@@ -14,8 +14,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from converters.errors import TrainfeedError
-from converters.progress import progress_bar
+from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.progress import progress_bar
 
 from .config import TrainConfig, distributed_env
 from .metrics import StepTimer, UtilizationSampler

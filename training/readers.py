@@ -23,13 +23,13 @@ from typing import Callable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from converters import delta, hdf5, parquet
-from converters.errors import TrainfeedError, UsageError
-from converters.labels import resolve_labels
-from converters.layout import ID, LABEL, MANIFEST, DatasetSchema, FieldSpec, decode_tensor
-from converters.samples import SchemaGuard, load_sample, ordered_map
-from converters.sources import ImageOptions, list_source
-from converters.stores import detect_format
+from trainfeed.converters import delta, hdf5, parquet
+from trainfeed.converters.errors import TrainfeedError, UsageError
+from trainfeed.converters.labels import resolve_labels
+from trainfeed.converters.layout import ID, LABEL, MANIFEST, DatasetSchema, FieldSpec, decode_tensor
+from trainfeed.converters.samples import SchemaGuard, load_sample, ordered_map
+from trainfeed.converters.sources import ImageOptions, list_source
+from trainfeed.converters.stores import detect_format
 
 FORMATS = ("parquet", "delta", "hdf5", "blob")
 

@@ -16,8 +16,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from converters.errors import TrainfeedError, UsageError
-from converters.redact import redact, redact_obj
+from trainfeed.converters.errors import TrainfeedError, UsageError
+from trainfeed.converters.redact import redact, redact_obj
 
 from .config import TrainConfig, distributed_env
 from .metrics import JsonLines, StepRecord, StepTimer, UtilizationSampler

@@ -16,7 +16,7 @@ TINY = ["--width", "8", "--batch-size", "8", "--steps", "4", "--cpu-steps", "2",
 
 
 def bench_cli(*args):
-    from benchmarks.cli import app
+    from trainfeed.benchmarks.cli import app
 
     return run_cli(app, *args)
 
@@ -119,8 +119,8 @@ def test_results_from_an_older_version(tmp_path):
 
 
 def test_catalog_row_problems(tmp_path):
-    from benchmarks.cost import load_catalog
-    from converters.errors import TrainfeedError
+    from trainfeed.benchmarks.cost import load_catalog
+    from trainfeed.converters.errors import TrainfeedError
 
     header = "cloud,region,instance,vcpus,ram_gib,gpus,gpu_model,gpu_mem_gib,on_demand_usd_per_h,spot_usd_per_h,price_date,source\n"
     path = tmp_path / "c.csv"
@@ -133,7 +133,7 @@ def test_catalog_row_problems(tmp_path):
 
 
 def test_azurite_port_taken_is_a_clear_error():
-    from benchmarks import azurite
+    from trainfeed.benchmarks import azurite
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -143,8 +143,8 @@ def test_azurite_port_taken_is_a_clear_error():
 
 
 def test_partially_failed_matrix_keeps_completed_cells(tiny_dataset, tmp_path, monkeypatch):
-    from benchmarks import matrix
-    from converters.errors import TrainfeedError
+    from trainfeed.benchmarks import matrix
+    from trainfeed.converters.errors import TrainfeedError
 
     real = matrix.emulated_run
 
@@ -170,7 +170,7 @@ def test_remote_source_and_remote_labels_under_latency_emulation(azurite_server,
     options (before: the emulation's options were handed to abfs and the run failed)."""
     import fsspec
 
-    from converters import parquet
+    from trainfeed.converters import parquet
 
     src = tmp_path / "vols"
     assert bench_cli("generate", "volumes", src, "--count", "32", "--shape", "6x6x2x2", "--seed", "5").exit_code == 0
@@ -240,7 +240,7 @@ def test_matrix_where_every_cell_fails_still_reports_why(tiny_dataset, tmp_path)
 
 
 def test_calibrate_writes_a_profile_run_can_use(tmp_path):
-    from benchmarks.profiles import calibration_key, load_accelerator
+    from trainfeed.benchmarks.profiles import calibration_key, load_accelerator
 
     prof = tmp_path / "local.json"
     res = bench_cli("calibrate", "--out", prof, "--shape", "12x12x4x2", "--batch-size", "8", "--width", "8",
@@ -251,7 +251,7 @@ def test_calibrate_writes_a_profile_run_can_use(tmp_path):
 
 
 def test_azurite_not_installed_is_a_clear_error(tmp_path, monkeypatch):
-    from benchmarks import azurite
+    from trainfeed.benchmarks import azurite
 
     monkeypatch.setattr(azurite, "REPO_ROOT", tmp_path)
     monkeypatch.setattr(azurite.shutil, "which", lambda name: None)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from converters import parquet
+from trainfeed.converters import parquet
 from tests.conftest import write_images, write_volumes
 
 FORMATS = [("parquet", "out.parquet"), ("delta", "out.delta"), ("hdf5", "out.h5")]
@@ -218,7 +218,7 @@ def test_overwrite_replaces_a_store(tmp_path, convert_cli):
     dst = tmp_path / "o.h5"
     assert convert_cli(a, dst, "--to", "hdf5").exit_code == 0
     assert convert_cli(b, dst, "--to", "hdf5", "--overwrite", "--verify").exit_code == 0
-    from converters import hdf5
+    from trainfeed.converters import hdf5
     got = {sid: f["volume"] for sid, _, f in hdf5.read_samples(dst)}
     assert set(got) == set(truth_b) and all(np.array_equal(got[k], truth_b[k][0]) for k in got)
     assert leftovers(tmp_path, "o.h5") == ["o.h5"]
@@ -236,8 +236,8 @@ def test_overwrite_refuses_a_folder_that_is_not_a_store(tmp_path, volumes, conve
 
 def test_verify_failure_publishes_nothing(tmp_path, volumes, monkeypatch):
     """A store that does not match its source is never made visible."""
-    from converters import verify as verify_mod
-    from converters.cli import app
+    from trainfeed.converters import verify as verify_mod
+    from trainfeed.converters.cli import app
     from tests.conftest import run_cli
 
     src, _ = volumes
@@ -266,9 +266,9 @@ def test_usage_errors_exit_2(tmp_path, volumes, convert_cli, args, message):
 
 
 def test_failed_verify_of_a_delta_overwrite_restores_the_previous_version(tmp_path, volumes, monkeypatch):
-    from converters import delta
-    from converters import verify as verify_mod
-    from converters.cli import app
+    from trainfeed.converters import delta
+    from trainfeed.converters import verify as verify_mod
+    from trainfeed.converters.cli import app
     from tests.conftest import run_cli
 
     src, truth = volumes

@@ -12,8 +12,8 @@ import fsspec
 import numpy as np
 import pytest
 
-from converters import hdf5
-from converters.sources import DEFAULT_CALL_TIMEOUT_S
+from trainfeed.converters import hdf5
+from trainfeed.converters.sources import DEFAULT_CALL_TIMEOUT_S
 from tests.conftest import write_volumes
 
 pytestmark = pytest.mark.azurite
@@ -70,7 +70,7 @@ def open_for_writing_once_read(fifo: Path, proc: subprocess.Popen, timeout: floa
 def test_endpoint_gone_mid_conversion_fails_within_the_call_timeout(tmp_path):
     """The blobs are listed, then the endpoint goes away: every read fails within the default
     call_timeout (not after minutes of the client's own retries), naming the blob."""
-    from benchmarks import azurite
+    from trainfeed.benchmarks import azurite
 
     src = tmp_path / "vols"
     write_volumes(src, 8)
@@ -82,7 +82,7 @@ def test_endpoint_gone_mid_conversion_fails_within_the_call_timeout(tmp_path):
         fs.mkdir("gone")
         fs.put(str(src), "gone/vols", recursive=True)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "converters", "abfs://gone/vols", str(tmp_path / "o.h5"), "--to", "hdf5",
+            [sys.executable, "-m", "trainfeed.converters", "abfs://gone/vols", str(tmp_path / "o.h5"), "--to", "hdf5",
              "--labels", str(fifo), "--storage-option", f"connection_string={server.connection_string}",
              "--no-progress"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         labels = open_for_writing_once_read(fifo, proc)

@@ -7,10 +7,10 @@ import os
 import h5py
 import pytest
 
-from converters import commit
-from converters.errors import TrainfeedError
-from converters.layout import DATASET_META, DatasetSchema, FieldSpec
-from converters.parquet import WRITER, write_manifest
+from trainfeed.converters import commit
+from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.layout import DATASET_META, DatasetSchema, FieldSpec
+from trainfeed.converters.parquet import WRITER, write_manifest
 
 SCHEMA = DatasetSchema(fields=[FieldSpec("volume", "float32", (2,))], labeled=False)
 

@@ -6,14 +6,14 @@ import json
 import numpy as np
 import pytest
 
-from converters import delta, parquet
-from converters.layout import decode_tensor
+from trainfeed.converters import delta, parquet
+from trainfeed.converters.layout import decode_tensor
 from tests.conftest import write_volumes
 
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
-    from converters.cli import app
+    from trainfeed.converters.cli import app
     from tests.conftest import run_cli
 
     root = tmp_path_factory.mktemp("stores")

@@ -19,12 +19,12 @@ import pytest
 from numpy.lib import format as npformat
 from PIL import Image
 
-from converters import parquet, sources
-from converters.labels import Labels
-from converters.samples import load_sample
-from converters.sources import ImageOptions, list_source
-from converters.stores import FORMATS
-from converters.verify import reference_sample, same_value
+from trainfeed.converters import parquet, sources
+from trainfeed.converters.labels import Labels
+from trainfeed.converters.samples import load_sample
+from trainfeed.converters.sources import ImageOptions, list_source
+from trainfeed.converters.stores import FORMATS
+from trainfeed.converters.verify import reference_sample, same_value
 from tests.conftest import write_volumes
 from tests.converters.test_roundtrip import TARGETS, stored
 
@@ -168,7 +168,7 @@ def limit_memory() -> None:
 
 def convert_subprocess(*args) -> subprocess.CompletedProcess:
     """The CLI in its own process: a conversion that blocks on a FIFO fails the test at 60 s."""
-    return subprocess.run([sys.executable, "-m", "converters", *map(str, args), "--no-progress"], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "trainfeed.converters", *map(str, args), "--no-progress"], cwd=REPO,
                           capture_output=True, text=True, timeout=60, preexec_fn=limit_memory)
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from converters import delta, hdf5, parquet
-from converters.stores import detect_format
+from trainfeed.converters import delta, hdf5, parquet
+from trainfeed.converters.stores import detect_format
 from tests.conftest import write_volumes
 
 READERS = {"parquet": parquet, "delta": delta, "hdf5": hdf5}
@@ -28,7 +28,7 @@ def big_source(tmp_path_factory):
 
 
 def start_convert(src: Path, dst: Path, fmt: str, *extra: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "converters", str(src), str(dst), "--to", fmt, "--no-progress",
+    cmd = [sys.executable, "-m", "trainfeed.converters", str(src), str(dst), "--to", fmt, "--no-progress",
            "--workers", "1", "--row-group-size", "400KB", "--target-file-size", "2MB", *extra]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
@@ -65,7 +65,7 @@ def test_killed_new_store_is_never_visible(tmp_path, big_source, fmt, name, sig)
         assert "interrupted" in proc.stderr.read().decode()
         assert [p.name for p in tmp_path.iterdir()] == []
     # The next run cleans up whatever a SIGKILL left, and completes.
-    done = subprocess.run([sys.executable, "-m", "converters", str(src), str(dst), "--to", fmt, "--no-progress"],
+    done = subprocess.run([sys.executable, "-m", "trainfeed.converters", str(src), str(dst), "--to", fmt, "--no-progress"],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert [p.name for p in tmp_path.iterdir()] == [name]
@@ -79,7 +79,7 @@ def test_killed_overwrite_keeps_the_old_store(tmp_path, big_source, fmt, name):
     small = tmp_path / "small"
     small_truth = write_volumes(small, 5, shape=(30, 30, 10, 10), seed=9, labels_csv=False)
     dst = tmp_path / name
-    first = subprocess.run([sys.executable, "-m", "converters", str(small), str(dst), "--to", fmt, "--no-progress"],
+    first = subprocess.run([sys.executable, "-m", "trainfeed.converters", str(small), str(dst), "--to", fmt, "--no-progress"],
                            capture_output=True, text=True)
     assert first.returncode == 0, first.stderr
     proc = start_convert(src, dst, fmt, "--overwrite")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from converters import delta, hdf5, parquet
+from trainfeed.converters import delta, hdf5, parquet
 from tests.conftest import write_volumes
 
 

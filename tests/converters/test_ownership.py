@@ -17,10 +17,10 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from converters import delta, hdf5
-from converters.commit import DestinationLock
-from converters.layout import MANIFEST
-from converters.stores import FORMATS
+from trainfeed.converters import delta, hdf5
+from trainfeed.converters.commit import DestinationLock
+from trainfeed.converters.layout import MANIFEST
+from trainfeed.converters.stores import FORMATS
 from tests.conftest import write_images, write_volumes
 from tests.converters.test_bad_input import tree_digest
 
@@ -29,7 +29,7 @@ STORES = [("parquet", "out.parquet"), ("delta", "out.delta"), ("hdf5", "out.h5")
 
 def run_convert(*args) -> subprocess.CompletedProcess:
     """The console script in its own process (a crash shows as a negative return code)."""
-    return subprocess.run([sys.executable, "-m", "converters", *map(str, args), "--no-progress"],
+    return subprocess.run([sys.executable, "-m", "trainfeed.converters", *map(str, args), "--no-progress"],
                           capture_output=True, text=True, timeout=120)
 
 
@@ -37,9 +37,9 @@ def run_convert(*args) -> subprocess.CompletedProcess:
 # on: the window in which another process acts on the destination.
 HELD_RUN = """
 import sys
-from converters.convert import ConvertConfig, convert
-from converters.errors import TrainfeedError
-from converters.options import WriteOptions
+from trainfeed.converters.convert import ConvertConfig, convert
+from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.options import WriteOptions
 
 def hold(files_done, _bytes):
     if files_done == 1:

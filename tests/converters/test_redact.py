@@ -1,11 +1,11 @@
-"""converters.redact: every kind of secret the CLIs may see is masked, nothing else is."""
+"""trainfeed.converters.redact: every kind of secret the CLIs may see is masked, nothing else is."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from converters import redact as r
+from trainfeed.converters import redact as r
 
 
 @pytest.mark.parametrize("text, secret", [

@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from converters import delta, hdf5, parquet
-from converters.stores import FORMATS, detect_format
+from trainfeed.converters import delta, hdf5, parquet
+from trainfeed.converters.stores import FORMATS, detect_format
 from tests.conftest import write_volumes
 
 TARGETS = [("parquet", "out.parquet", "binary"), ("parquet", "out_list.parquet", "list"),

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from converters import delta, parquet
+from trainfeed.converters import delta, parquet
 from tests.conftest import run_cli, write_volumes
 from tests.pipelines.test_bundle import bundle, jobs
 
@@ -36,8 +36,8 @@ def local_vars(root, src) -> dict:
 
 
 def test_repack_job_equals_convert_sample_for_sample(source, spark, capsys):
-    from converters.cli import app
-    from pipelines import repack
+    from trainfeed.converters.cli import app
+    from trainfeed.pipelines import repack
 
     root, src, truth = source
     args = repack.parse_args(params("repack", "repack_delta", local_vars(root, src)))
@@ -54,7 +54,7 @@ def test_repack_job_equals_convert_sample_for_sample(source, spark, capsys):
 
 
 def test_repack_parquet_and_bad_files(source, spark, tmp_path):
-    from pipelines import repack
+    from trainfeed.pipelines import repack
 
     _, _, truth = source
     src = tmp_path / "raw"
@@ -76,7 +76,7 @@ def test_repack_parquet_and_bad_files(source, spark, tmp_path):
 
 
 def test_repack_missing_parameter_is_a_clear_error(capsys):
-    from pipelines import repack
+    from trainfeed.pipelines import repack
 
     with pytest.raises(SystemExit) as exit_:
         repack.parse_args(["--src", "x", "--to", "delta"])
@@ -84,7 +84,7 @@ def test_repack_missing_parameter_is_a_clear_error(capsys):
 
 
 def test_storage_ab_job_tasks_and_report(source, tmp_path):
-    from pipelines import benchmark
+    from trainfeed.pipelines import benchmark
 
     root, src, _ = source
     variables = local_vars(root, src) | {"output_path": str(tmp_path)}
@@ -101,8 +101,8 @@ def test_storage_ab_job_tasks_and_report(source, tmp_path):
 
 def test_train_job_distributed_on_local_spark(source, spark, tmp_path):
     """Self-contained: the store the job reads is converted here, at the path the bundle names."""
-    from converters.cli import app
-    from pipelines import train
+    from trainfeed.converters.cli import app
+    from trainfeed.pipelines import train
 
     _, src, _ = source
     variables = local_vars(tmp_path, src) | {"train_processes": "2"}

@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from training.config import TrainConfig
-from training.distributed import train_distributed
+from trainfeed.training.config import TrainConfig
+from trainfeed.training.distributed import train_distributed
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

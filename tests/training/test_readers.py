@@ -7,8 +7,8 @@ import csv
 import numpy as np
 import pytest
 
-from converters.errors import TrainfeedError
-from training.readers import ReaderOptions, check_sharding, iter_batches, open_store
+from trainfeed.converters.errors import TrainfeedError
+from trainfeed.training.readers import ReaderOptions, check_sharding, iter_batches, open_store
 
 FORMATS = ["parquet", "delta", "hdf5", "blob"]
 
@@ -71,7 +71,7 @@ def test_sharding_preflight_fails_clearly(learnable):
 
 def test_delta_version_and_live_snapshot(tmp_path, learnable):
     """Training reads the table's live files only, and a fixed version on request."""
-    from converters.cli import app
+    from trainfeed.converters.cli import app
     from tests.conftest import run_cli
 
     src = learnable["root"] / "train"
@@ -91,7 +91,7 @@ def test_delta_version_and_live_snapshot(tmp_path, learnable):
 
 @pytest.mark.tf
 def test_tf_dataset_yields_the_same_samples(learnable):
-    from training.loop_tf import tf_dataset
+    from trainfeed.training.loop_tf import tf_dataset
 
     truth = truth_of(learnable)
     store = open_store(str(learnable["stores"]["hdf5"]), None, ReaderOptions())

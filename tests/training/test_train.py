@@ -14,7 +14,7 @@ from tests.conftest import run_cli
 
 
 def train_cli(*args):
-    from training.cli import app
+    from trainfeed.training.cli import app
 
     return run_cli(app, *args, "--no-progress")
 
@@ -52,7 +52,7 @@ def test_full_size_models_match_the_reference_parameter_count():
     """The reference 3D ResNet has 33.4M parameters for 10 channels and 1 output."""
     import torch
 
-    from training.models_torch import build, parameter_count
+    from trainfeed.training.models_torch import build, parameter_count
 
     model = build((30, 30, 10, 10), 1)
     counts = parameter_count(model)
@@ -66,7 +66,7 @@ def test_full_size_models_match_the_reference_parameter_count():
 
 @pytest.mark.tf
 def test_keras_model_has_the_same_size():
-    from training.models_tf import build, parameter_count
+    from trainfeed.training.models_tf import build, parameter_count
 
     counts = parameter_count(build((30, 30, 10, 10), 1))
     assert counts["trainable"] == 33_232_641 and counts["non_trainable"] == 9_600
@@ -77,7 +77,7 @@ def test_keras_model_has_the_same_size():
 def test_sigterm_checkpoints_and_resume_finishes(tmp_path, learnable, framework):
     store = learnable["stores"]["hdf5"]
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
-    args = [sys.executable, "-m", "training", "--data", str(store), "--framework", framework, "--epochs", "3",
+    args = [sys.executable, "-m", "trainfeed.training", "--data", str(store), "--framework", framework, "--epochs", "3",
             "--checkpoint-dir", str(ckpt), "--out", str(out), "--no-progress", "--json", *QUICK]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     steps_file = out / "steps.jsonl"
@@ -129,7 +129,7 @@ def test_bad_input(tmp_path, learnable, args, code, message):
 
 
 def test_label_out_of_range(tmp_path, learnable):
-    from converters.cli import app
+    from trainfeed.converters.cli import app
     from tests.conftest import write_volumes
 
     src = tmp_path / "v"
@@ -145,7 +145,7 @@ def test_label_out_of_range(tmp_path, learnable):
 
 
 def test_unlabeled_store_is_refused(tmp_path):
-    from converters.cli import app
+    from trainfeed.converters.cli import app
     from tests.conftest import write_volumes
 
     write_volumes(tmp_path / "v", 40, shape=(4, 4, 4, 1), labels_csv=False)
@@ -155,7 +155,7 @@ def test_unlabeled_store_is_refused(tmp_path):
 
 
 def test_2d_resnet_trains_from_an_image_store(tmp_path):
-    from converters.cli import app
+    from trainfeed.converters.cli import app
     from tests.conftest import write_images
 
     write_images(tmp_path / "imgs", 24, size=(40, 48))

@@ -12,9 +12,9 @@ import h5py
 import numpy as np
 import pytest
 
-from converters.errors import TrainfeedError
+from trainfeed.converters.errors import TrainfeedError
 from tests.conftest import run_cli, write_volumes
-from training.readers import ReaderOptions, iter_batches, open_store
+from trainfeed.training.readers import ReaderOptions, iter_batches, open_store
 
 SHAPE = (4, 4, 2, 1)
 N = 16
@@ -22,13 +22,13 @@ TINY = ["--width", "4", "--batch-size", "4", "--workers", "1", "--lr", "0.01"]
 
 
 def train_cli(*args):
-    from training.cli import app
+    from trainfeed.training.cli import app
 
     return run_cli(app, *args, "--no-progress")
 
 
 def convert(src: Path, dst: Path, *args) -> Path:
-    from converters.cli import app
+    from trainfeed.converters.cli import app
 
     res = run_cli(app, src, dst, *args, "--no-progress")
     assert res.exit_code == 0, res.stderr
@@ -237,7 +237,7 @@ def test_other_data_at_the_same_path_is_refused(tmp_path, fmt, name):
                                       ("delta", "st.delta"), ("blob", None)])
 def test_fingerprint_follows_content_not_path(tmp_path, monkeypatch, fmt, name):
     """Stores written before store_id existed: the fallback fingerprint."""
-    from training.readers import store_identity
+    from trainfeed.training.readers import store_identity
 
     monkeypatch.chdir(tmp_path)
 
