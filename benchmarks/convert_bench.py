@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from trainfeed.converters.convert import ConvertConfig, convert
 from trainfeed.converters.options import WriteOptions
+from trainfeed.training.metrics import environment
 
 from .synth import VOLUME_SHAPE, generate_volumes
 
@@ -49,18 +49,6 @@ def ensure_dataset(root: Path, gb: float, seed: int = 0) -> Path:
         shutil.rmtree(src, ignore_errors=True)
         generate_volumes(src, count, seed=seed)
     return src
-
-
-def environment() -> dict:
-    import numpy
-    import pyarrow
-
-    import deltalake
-    import h5py
-
-    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "python": platform.python_version(), "pyarrow": pyarrow.__version__, "numpy": numpy.__version__,
-            "deltalake": deltalake.__version__, "h5py": h5py.__version__, "page_cache": "warm"}
 
 
 def main(argv: list[str] | None = None) -> None:

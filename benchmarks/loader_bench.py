@@ -20,7 +20,9 @@ from trainfeed.converters.errors import TrainfeedError
 from trainfeed.converters.options import WriteOptions
 from trainfeed.training.readers import ReaderOptions, iter_batches, open_store
 
-from .convert_bench import ensure_dataset, environment
+from trainfeed.training.metrics import environment
+
+from .convert_bench import ensure_dataset
 
 MB = 10**6
 

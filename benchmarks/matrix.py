@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ from trainfeed.converters.options import WriteOptions
 from trainfeed.converters.redact import redact, redact_obj, register_storage_options
 from trainfeed.converters.stores import detect_format
 from trainfeed.training.config import TrainConfig
-from trainfeed.training.metrics import StepTimer, UtilizationSampler
+from trainfeed.training.metrics import StepTimer, UtilizationSampler, environment
 from trainfeed.training.readers import ReaderOptions, iter_batches, open_store
 from trainfeed.training.run import Prefetcher, record
 
@@ -72,22 +71,6 @@ def check_matrix(cfg: MatrixConfig) -> None:
         raise UsageError("--steps and --cpu-steps must be at least 2 (the first step is warm-up)")
     if "blob" in cfg.stores:
         blob_source(cfg)  # a --labels the emulated store cannot reach is a usage error
-
-
-def environment() -> dict:
-    import psutil
-    import pyarrow
-    import torch
-
-    import petastorm
-
-    gpu = None
-    if torch.cuda.is_available():
-        gpu = torch.cuda.get_device_name(0)
-    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "ram_gb": round(psutil.virtual_memory().total / 1e9, 1), "gpu": gpu,
-            "python": platform.python_version(), "torch": torch.__version__, "pyarrow": pyarrow.__version__,
-            "petastorm": petastorm.__version__, "os": platform.platform()}
 
 
 # --------------------------------------------------------------------------- stores

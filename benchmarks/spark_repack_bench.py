@@ -13,7 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-from .convert_bench import ensure_dataset, environment
+from trainfeed.training.metrics import environment
+
+from .convert_bench import ensure_dataset
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,7 +2,6 @@
 account for every step. Also `python -m trainfeed.training`."""
 from __future__ import annotations
 
-import json
 import sys
 from enum import Enum
 from typing import List, Optional

@@ -163,3 +163,34 @@ class JsonLines:
 
     def close(self) -> None:
         self.fh.close()
+
+
+#: Libraries whose versions a measurement depends on (reported when importable).
+_LIBRARIES = ("numpy", "pyarrow", "pandas", "torch", "tensorflow", "deltalake", "h5py", "petastorm", "pyspark")
+
+
+def environment() -> dict:
+    """The machine and library versions behind a measurement (summary.json, benchmark lines)."""
+    import importlib.metadata
+    import os
+    import platform
+
+    import psutil
+
+    versions = {}
+    for name in _LIBRARIES:
+        try:
+            versions[name] = importlib.metadata.version(name if name != "tensorflow" else "tensorflow-cpu")
+        except importlib.metadata.PackageNotFoundError:
+            try:
+                versions[name] = importlib.metadata.version(name)
+            except importlib.metadata.PackageNotFoundError:
+                continue
+    gpu = None
+    if "torch" in versions:
+        import torch
+
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"python": platform.python_version(), "os": platform.platform(),
+            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "ram_gb": round(psutil.virtual_memory().total / 1e9, 1), "gpu": gpu, **versions}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 import queue
 import signal
 import sys
@@ -20,7 +19,7 @@ from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.redact import redact, redact_obj
 
 from .config import TrainConfig, distributed_env
-from .metrics import JsonLines, StepRecord, StepTimer, UtilizationSampler
+from .metrics import JsonLines, StepRecord, StepTimer, UtilizationSampler, environment
 from .readers import Batch, ReaderOptions, Store, check_sharding, label_bounds, open_store, store_identity
 
 
@@ -240,15 +239,6 @@ class RunFiles:
     def close(self) -> None:
         self.steps.close()
         self.util.close()
-
-
-def environment() -> dict:
-    import os
-
-    import psutil
-
-    return {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count(), "ram_gb": round(psutil.virtual_memory().total / 1e9, 1)}
 
 
 def summarize(cfg: TrainConfig, p: Plan, timer: StepTimer, util: UtilizationSampler, extra: dict) -> dict:

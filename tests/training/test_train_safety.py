@@ -252,7 +252,7 @@ def test_fingerprint_follows_content_not_path(tmp_path, monkeypatch, fmt, name):
         store.schema.store_id = None
         return store_identity(store)
 
-    rel = f"./b{{seed}}" if fmt == "blob" else f"./s{{seed}}/{name}"
+    rel = "./b{seed}" if fmt == "blob" else f"./s{{seed}}/{name}"
     a_rel = opened(1, rel)
     a_abs = open_store(str(tmp_path / rel.format(seed=1)), "blob" if fmt == "blob" else None)
     b = opened(2, rel)
