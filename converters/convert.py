@@ -10,6 +10,7 @@ from typing import Callable, Iterator
 
 from . import delta
 from .commit import DestinationLock, Staging
+from .interrupt import SafeInterrupts
 from .errors import SampleError, TrainfeedError, UsageError
 from .labels import Labels, resolve_labels
 from .layout import DatasetSchema
@@ -163,9 +164,10 @@ class _Stream:
     """Validated samples in batches; collects rejects and counts bytes as the writer pulls."""
 
     def __init__(self, cfg: ConvertConfig, fs, listing, labels: Labels, progress: ProgressFn | None,
-                 existing_ids: set[str] | None = None):
+                 check_interrupt: Callable[[], None], existing_ids: set[str] | None = None):
         self.cfg, self.fs, self.listing, self.labels = cfg, fs, listing, labels
         self.progress = progress
+        self.check_interrupt = check_interrupt
         self.existing_ids = existing_ids or set()
         self.guard = SchemaGuard(listing.kind, cfg.image)
         self.rejects: list[dict] = []
@@ -182,6 +184,7 @@ class _Stream:
         files = self.listing.files
         load = lambda src: load_sample(self.fs, self.listing.kind, src, self.labels, self.cfg.image)  # noqa: E731
         for src, result in zip(files, ordered_map(load, files, self.cfg.workers)):
+            self.check_interrupt()
             self.files_done += 1
             if isinstance(result, Sample):
                 self.bytes_in += result.nbytes_in
@@ -255,12 +258,15 @@ def _commit_to_table(dst: Path, version: int, schema: DatasetSchema, batches: It
 
 
 def _publish_staged(dst: Path, cfg: ConvertConfig, schema: DatasetSchema, batches: Iterator[list[Sample]],
-                    check: Callable[[Path, bool], dict | None]) -> tuple[WriteResult, dict | None]:
-    """Write a new store beside ``dst``, check it, then publish it there (see commit.Staging)."""
+                    check: Callable[[Path, bool], dict | None],
+                    check_interrupt: Callable[[], None]) -> tuple[WriteResult, dict | None]:
+    """Write a new store beside ``dst``, check it, then publish it there (see commit.Staging);
+    Ctrl-C pressed until the moment of publishing publishes nothing."""
     with Staging(dst, overwrite=cfg.write.mode == "overwrite") as staging:
         # a new store in the staging folder: "create", whatever --mode said of the destination
         result = FORMATS[cfg.fmt].write(staging.path, schema, batches, replace(cfg.write, mode="create"))
         verified = check(staging.path, True)
+        check_interrupt()
         staging.commit()
     result.files = [f.replace(str(staging.path), str(dst), 1) for f in result.files]
     return result, verified
@@ -279,14 +285,14 @@ def convert(cfg: ConvertConfig, progress: ProgressFn | None = None,
     check_apart(cfg.src, dst)
     try:
         _make_parent(dst)
-        with DestinationLock(dst):
-            return _convert(cfg, dst, t0, progress, on_listed)
+        with DestinationLock(dst), SafeInterrupts() as interrupts:
+            return _convert(cfg, dst, t0, progress, on_listed, interrupts.check)
     except OSError as exc:  # source errors arrive as TrainfeedErrors: this is DST's filesystem
         raise _write_error(dst, exc) from exc
 
 
 def _convert(cfg: ConvertConfig, dst: Path, t0: float, progress: ProgressFn | None,
-             on_listed: Callable[[int, int], None] | None) -> dict:
+             on_listed: Callable[[int, int], None] | None, check_interrupt: Callable[[], None]) -> dict:
     existing = check_destination(dst, cfg.write.mode)
     fs, listing = list_source(cfg.src, cfg.storage_options)
     labels = resolve_labels(listing.files, labels_csv=cfg.labels_csv, folder_labels=cfg.folder_labels,
@@ -303,7 +309,8 @@ def _convert(cfg: ConvertConfig, dst: Path, t0: float, progress: ProgressFn | No
     if appending:
         labels = _labels_for_append(dst, table.schema, labels)
         cfg.write = replace(cfg.write, tensor_column=table.tensor_column)
-    stream = _Stream(cfg, fs, listing, labels, progress, delta.live_ids(dst, table.version) if appending else None)
+    stream = _Stream(cfg, fs, listing, labels, progress, check_interrupt,
+                     delta.live_ids(dst, table.version) if appending else None)
     first = stream.first()
     schema = stream.schema(labels)
     # A new store gets a new identity; a Delta table keeps its own across commits.
@@ -321,7 +328,7 @@ def _convert(cfg: ConvertConfig, dst: Path, t0: float, progress: ProgressFn | No
         result, verified = _commit_to_table(dst, table.version, schema, batches, cfg.write,
                                             lambda: check(dst, not appending))
     else:
-        result, verified = _publish_staged(dst, cfg, schema, batches, check)
+        result, verified = _publish_staged(dst, cfg, schema, batches, check, check_interrupt)
     details = dict(result.details)
     if cfg.optimize:
         details["optimize"] = delta.optimize(dst, target_size=cfg.write.target_file_size, opts=cfg.write)

@@ -94,3 +94,17 @@ def test_killed_overwrite_keeps_the_old_store(tmp_path, big_source, fmt, name):
     got = read_all(fmt, dst)
     assert set(got) == set(small_truth)
     assert all(np.array_equal(got[k], small_truth[k][0]) for k in small_truth)
+
+
+def test_ctrl_c_waits_for_a_safe_point_and_a_second_one_does_not():
+    """The first SIGINT only sets a flag (checked between samples); the second interrupts at once."""
+    from trainfeed.converters.interrupt import SafeInterrupts
+
+    with SafeInterrupts() as interrupts:
+        interrupts.check()  # nothing pressed yet
+        signal.raise_signal(signal.SIGINT)  # no KeyboardInterrupt here, inside whatever was running
+        with pytest.raises(KeyboardInterrupt):
+            interrupts.check()
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
