@@ -24,11 +24,11 @@ def inst(name, vcpus, gpus=0, gpu_model="", on_demand=None, spot=None, ram_gib=0
 
 
 CATALOG = [
-    inst("cpu8", 8, on_demand=2.0, spot=0.5, ram_gib=64),  # 35.2 GiB fits in 80% of 64
+    inst("cpu8", 8, on_demand=2.0, spot=0.5, ram_gib=44),  # 35.16 GiB fits in 80% of 44 (35.2)
     inst("t4x1", 4, 1, "NVIDIA T4", on_demand=3.0),
     inst("t4x4", 2, 4, "NVIDIA T4", on_demand=6.0),
     inst("k80", 4, 1, "NVIDIA K80", on_demand=0.9),  # no step-time profile: not projected
-    inst("cpu2", 2, ram_gib=32),  # no price; 35.2 GiB > 80% of 32
+    inst("cpu2", 2, ram_gib=43),  # no price; 35.16 GiB > 80% of 43 (34.4)
 ]
 
 # instance, samples/s, hours, on-demand $, spot $, time vs fastest, cost vs cheapest, constraint, RAM note
@@ -38,7 +38,7 @@ EXPECTED = [
      "input pipeline: needs ~4 vCPUs to feed 4 GPU(s), has 2", None),  # ceil(4 x 80 / 100)
     ("t4x1", 20.0, 1.0, 3.0, None, 2.5, 1.5, "GPU compute (estimate)", None),  # GPU 20/s; ingest 100/s
     ("cpu2", 5.0, 4.0, None, None, 10.0, None, "CPU compute",
-     "dataset (35 GiB) does not fit in RAM (32 GiB): every epoch reads storage"),
+     "dataset (35 GiB) does not fit in RAM (43 GiB): every epoch reads storage"),
 ]
 
 
