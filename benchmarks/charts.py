@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import io
+import itertools
 import re
 
 import matplotlib
@@ -30,7 +31,7 @@ def store_order(names) -> list[str]:
 
 
 def store_colors(stores: list[str]) -> dict[str, str]:
-    spare = iter(SPARE * (1 + len(stores) // len(SPARE)))
+    spare = itertools.cycle(SPARE)
     return {s: COLORS.get(s) or next(spare) for s in stores}
 
 
