@@ -111,7 +111,7 @@ def utilization(cells: dict, stores: list[str], nodes: list[str], fw: str) -> st
         for k, n in enumerate(nodes):
             ax = axes[r][k]
             ax.set_title(f"{s} · {n}", fontsize=9)
-            ax.set_gid(f"utilization-{s}-{n}-{fw}")
+            ax.set_gid(re.sub(r"[^\w.-]", "_", f"utilization-{s}-{n}-{fw}"))  # an XML id: node@cluster -> node_cluster
             cell = cells.get((s, n, fw))
             points = cell["real"].get("utilization_timeline") if cell else None
             if points:
