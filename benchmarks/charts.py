@@ -143,5 +143,5 @@ def _plot_timeline(ax, points: list[dict], cores: int) -> None:
     gpus = sorted({k for p in points for k in p if k.endswith("_util_percent")})
     for g in gpus:
         ax.plot(t, [p.get(g, 0) for p in points], label=f"{g.split('_')[0]} utilization %", **line)
-    ax.set_xlim(0, max(max(t), 1.0))
+    ax.set_xlim(0, 1.03 * max(max(t), 1.0))  # the last sample inside the panel
     ax.xaxis.set_major_locator(MaxNLocator(5))
