@@ -17,11 +17,10 @@ from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.progress import progress_bar
 from trainfeed.converters.redact import redact, redact_json, register_storage_options
 
-from . import report as report_mod
 from .azurite import AzuriteError
 from .cost import CATALOG
+from .matrix import STORES
 from .profiles import load_object_store
-
 from .synth import IMAGE_SIZE, VOLUME_SHAPE, generate_images, generate_volumes
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False,
@@ -113,7 +112,7 @@ def run(
     out: Path = typer.Option(Path("bench-out/ab"), "--out", help="Results folder (converted stores are cached in OUT/stores)."),
     labels: Optional[str] = typer.Option(None, "--labels", help="Labels CSV (id,label); default SRC/labels.csv if present. "
                                           "Under --blob-profile: a local file or on SRC's storage."),
-    stores: str = typer.Option("blob,parquet,delta,hdf5", "--stores", help="Comma-separated: blob, parquet, delta, hdf5."),
+    stores: str = typer.Option(",".join(STORES), "--stores", help=f"Comma-separated: {', '.join(STORES)}."),
     nodes: str = typer.Option("cpu,t4,h100", "--nodes", help="cpu, cuda (a real GPU), emulated t4, v100, a10g, a100, "
                               "h100, or a profile file from `calibrate`."),
     frameworks: str = typer.Option("torch", "--frameworks", help="torch, tf (tf on real nodes only matters for compute)."),
@@ -135,6 +134,7 @@ def run(
 ) -> None:
     from trainfeed.converters.cli import parse_storage_options
 
+    from . import report as report_mod
     from .matrix import MatrixConfig, run_matrix
 
     with exit_codes():
@@ -199,6 +199,8 @@ def report(
     target_epochs: int = typer.Option(5, "--target-epochs"),
     catalog: Path = typer.Option(CATALOG, "--catalog"),
 ) -> None:
+    from . import report as report_mod
+
     with exit_codes():
         info = report_mod.build(str(out), target_samples=target_samples, target_epochs=target_epochs, catalog=catalog)
         typer.echo(_report_line(info))

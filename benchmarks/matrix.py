@@ -17,7 +17,7 @@ from trainfeed.converters.convert import ConvertConfig, convert
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.options import WriteOptions
 from trainfeed.converters.redact import redact, redact_obj, register_storage_options
-from trainfeed.converters.stores import detect_format
+from trainfeed.converters.stores import FORMATS, detect_format
 from trainfeed.training.config import TrainConfig
 from trainfeed.training.metrics import StepTimer, UtilizationSampler, environment
 from trainfeed.training.readers import ReaderOptions, iter_batches, open_store
@@ -26,7 +26,8 @@ from trainfeed.training.run import Prefetcher, record
 from .profiles import ACCELERATORS, calibration_key, load_accelerator, model_flops, step_seconds
 
 RESULTS_VERSION = 1
-STORES = ("blob", "parquet", "delta", "hdf5")
+#: The small-file layout as it is (the baseline), then every format of the registry.
+STORES = tuple(dict.fromkeys(("blob", *FORMATS)))
 REAL_NODES = ("cpu", "cuda")
 #: What makes one cell (or one store's cells) fail without stopping the matrix.
 CELL_ERRORS = (TrainfeedError, RuntimeError, OSError)
@@ -139,7 +140,7 @@ def open_stores(cfg: MatrixConfig, log: Callable[[str], None]) -> tuple[dict, di
     for name in cfg.stores:
         try:
             src = prepare_store(cfg, name, log)
-            store = open_store(src.path, src.fmt, _reader_options(cfg, name, src))
+            store = open_store(src.path, src.fmt, _reader_options(cfg, src))
         except UsageError:
             raise
         except CELL_ERRORS as exc:
@@ -149,12 +150,11 @@ def open_stores(cfg: MatrixConfig, log: Callable[[str], None]) -> tuple[dict, di
     return opened, failed
 
 
-def _reader_options(cfg: MatrixConfig, store: str, src: StoreSource) -> ReaderOptions:
+def _reader_options(cfg: MatrixConfig, src: StoreSource) -> ReaderOptions:
     # a shuffle buffer of two batches: a larger one would make the first step read far ahead
     # and the short measured window flow from memory
     return ReaderOptions(batch_size=cfg.batch_size, workers=cfg.workers, shuffle=True, seed=0,
-                         shuffle_buffer=2 * cfg.batch_size,
-                         pool="arrow" if store in ("parquet", "delta") else "sharded",
+                         shuffle_buffer=2 * cfg.batch_size, pool="arrow",
                          labels_csv=src.labels_csv, storage_options=src.storage_options)
 
 
@@ -304,7 +304,7 @@ def run_matrix(cfg: MatrixConfig, log: Callable[[str], None] = print) -> list[di
                 fail(rep, store_name, "prepare", failed[store_name])
                 continue
             src, shape = opened[store_name]
-            ropts = _reader_options(cfg, store_name, src)
+            ropts = _reader_options(cfg, src)
             try:
                 ingest = ingest_only(src, ropts, cfg.steps)
             except CELL_ERRORS as exc:

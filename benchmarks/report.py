@@ -1,20 +1,19 @@
-"""results.jsonl -> results.csv, report.md and report.html (charts as inline SVG: no plotting
-library, no network, renders anywhere). The A/B table comes first, as in the whitepaper."""
+"""results.jsonl -> results.csv, report.md and report.html (the Markdown rendered by
+markdown-it-py, matplotlib charts inline as SVG: one file, no network). The A/B table comes
+first, as in the whitepaper."""
 from __future__ import annotations
 
 import csv
-import html
 from datetime import datetime, timezone
 from pathlib import Path
 
+from markdown_it import MarkdownIt
+
 from trainfeed.converters.redact import redact
 
+from . import charts as charts_mod
 from .cost import CATALOG, load_catalog, project, recommend
 from .matrix import load_results
-
-STORE_ORDER = ("blob", "parquet", "delta", "hdf5")
-COLORS = {"blob": "#d62728", "parquet": "#1f77b4", "delta": "#2ca02c", "hdf5": "#9467bd"}
-
 
 def _cells(records):
     cells = {}
@@ -57,7 +56,7 @@ def build(out: str, *, target_samples: int = 650_000, target_epochs: int = 5, ca
     cells = _cells(records)
     errors = [r for r in records if r["kind"] == "error"]
     failed = _failed(records, cells)
-    stores = [s for s in STORE_ORDER if any(k[0] == s for k in cells)]
+    stores = charts_mod.store_order(k[0] for k in cells)
     nodes = list(dict.fromkeys(k[1] for k in cells))
     frameworks = list(dict.fromkeys(k[2] for k in cells))
     instances, notes = load_catalog(catalog)
@@ -199,129 +198,16 @@ def _markdown_nothing_measured(records, errors) -> str:
     return "\n".join(lines + _failures_section(errors))
 
 
-# ------------------------------------------------------------------ HTML and SVG
+# ------------------------------------------------------------------ HTML
 
-def _bars(title: str, groups: list[str], series: list[str], values: dict, log: bool = True, unit: str = "samples/s") -> str:
-    import math
-
-    w, h, pad = 720, 300, 50
-    vals = [v for v in values.values() if v]
-    if not vals:
-        return ""
-    top = max(vals)
-    lo = min(vals)
-    f = (lambda v: (math.log10(v) - math.log10(lo) + 0.3) / (math.log10(top) - math.log10(lo) + 0.3)) if log and top > lo \
-        else (lambda v: v / top)
-    gw = (w - 2 * pad) / max(1, len(groups))
-    bw = gw * 0.8 / max(1, len(series))
-    parts = [f'<svg class="chart" viewBox="0 0 {w} {h + 40}" width="{w}" height="{h + 40}" role="img" aria-label="{html.escape(title)}">',
-             f'<text x="{w / 2}" y="16" text-anchor="middle" font-weight="bold">{html.escape(title)}</text>']
-    for gi, g in enumerate(groups):
-        x0 = pad + gi * gw + gw * 0.1
-        parts.append(f'<text x="{pad + gi * gw + gw / 2}" y="{h + 15}" text-anchor="middle" font-size="12">{html.escape(g)}</text>')
-        for si, s in enumerate(series):
-            v = values.get((g, s))
-            if not v:
-                continue
-            bh = max(2, f(v) * (h - 40))
-            x = x0 + si * bw
-            parts.append(f'<rect x="{x:.1f}" y="{h - bh:.1f}" width="{bw * 0.9:.1f}" height="{bh:.1f}" '
-                         f'fill="{COLORS.get(s, "#888")}"><title>{html.escape(s)} on {html.escape(g)}: {v:,.1f} {unit}</title></rect>')
-            parts.append(f'<text x="{x + bw * 0.45:.1f}" y="{h - bh - 3:.1f}" text-anchor="middle" font-size="10">{v:,.0f}</text>')
-    for si, s in enumerate(series):
-        parts.append(f'<rect x="{pad + si * 110}" y="{h + 25}" width="12" height="12" fill="{COLORS.get(s, "#888")}"/>'
-                     f'<text x="{pad + si * 110 + 16}" y="{h + 35}" font-size="12">{html.escape(s)}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-def _stall(cells, stores, nodes, fw) -> str:
-    w, row = 720, 22
-    items = [(s, n, cells[(s, n, fw)]) for n in nodes for s in stores if (s, n, fw) in cells]
-    h = 40 + row * len(items)
-    parts = [f'<svg class="chart" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="stall breakdown">',
-             f'<text x="{w / 2}" y="16" text-anchor="middle" font-weight="bold">Where the time goes ({fw}): '
-             f'compute (green) vs waiting for data (red)</text>']
-    for i, (s, n, c) in enumerate(items):
-        y = 30 + i * row
-        stall = c["real"]["stall_fraction"] or 0
-        bw = w - 230
-        parts.append(f'<text x="5" y="{y + 14}" font-size="12">{html.escape(s)} / {html.escape(n)}</text>')
-        parts.append(f'<rect x="170" y="{y}" width="{bw * (1 - stall):.1f}" height="16" fill="#2ca02c"/>')
-        parts.append(f'<rect x="{170 + bw * (1 - stall):.1f}" y="{y}" width="{bw * stall:.1f}" height="16" fill="#d62728">'
-                     f'<title>{100 * stall:.0f}% data wait</title></rect>')
-        parts.append(f'<text x="{175 + bw}" y="{y + 13}" font-size="11">{100 * stall:.0f}% wait</text>')
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-def _timeline(cells, fw) -> str:
-    w, h, pad = 720, 240, 40
-    series = [(f"{s}/{n}", c["real"].get("utilization_timeline") or []) for (s, n, f), c in cells.items() if f == fw]
-    series = [(k, v) for k, v in series if v]
-    if not series:
-        return ""
-    tmax = max(p["t"] for _, v in series for p in v) or 1
-    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
-    parts = [f'<svg class="chart" viewBox="0 0 {w} {h + 20 * ((len(series) + 3) // 4)}" width="{w}" role="img" '
-             f'aria-label="CPU utilization">', f'<text x="{w / 2}" y="16" text-anchor="middle" font-weight="bold">'
-             f'Machine CPU % over each run ({fw}), sampled ~1 Hz</text>',
-             f'<line x1="{pad}" y1="{h - pad}" x2="{w - 10}" y2="{h - pad}" stroke="#444"/>',
-             f'<line x1="{pad}" y1="30" x2="{pad}" y2="{h - pad}" stroke="#444"/>',
-             f'<text x="5" y="35" font-size="10">100%</text><text x="5" y="{h - pad}" font-size="10">0%</text>']
-    for i, (name, pts) in enumerate(series):
-        color = palette[i % len(palette)]
-        xy = " ".join(f"{pad + p['t'] / tmax * (w - pad - 10):.1f},{h - pad - p['cpu_percent'] / 100 * (h - pad - 30):.1f}"
-                      for p in pts)
-        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{xy}"><title>{html.escape(name)}</title></polyline>')
-        parts.append(f'<text x="{pad + (i % 4) * 170}" y="{h + 5 + 20 * (i // 4)}" font-size="11" fill="{color}">{html.escape(name)}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-def _md_to_html(md: str) -> str:
-    """Enough Markdown for this report: headings, tables, bullets, bold, paragraphs."""
-    import re
-
-    out, table = [], []
-
-    def inline(t):
-        return re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", html.escape(t))
-
-    def flush():
-        if table:
-            head, *body = [r for r in table if not re.fullmatch(r"\|[-| ]+\|", r)]
-            cells = lambda r: [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", r.strip("|"))]  # noqa: E731
-            out.append("<table><thead><tr>" + "".join(f"<th>{inline(c)}</th>" for c in cells(head)) + "</tr></thead><tbody>"
-                       + "".join("<tr>" + "".join(f"<td>{inline(c)}</td>" for c in cells(r)) + "</tr>" for r in body)
-                       + "</tbody></table>")
-            table.clear()
-
-    for line in md.splitlines():
-        if line.startswith("|"):
-            table.append(line)
-            continue
-        flush()
-        if line.startswith("## "):
-            out.append(f"<h2>{inline(line[3:])}</h2>")
-        elif line.startswith("# "):
-            out.append(f"<h1>{inline(line[2:])}</h1>")
-        elif line.startswith("- "):
-            out.append(f"<ul><li>{inline(line[2:])}</li></ul>")
-        elif line.strip():
-            out.append(f"<p>{inline(line)}</p>")
-    flush()
-    return "\n".join(out)
+#: CommonMark plus tables; raw HTML in the Markdown (an error message, say) is shown, not run.
+_MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable("table")
 
 
 def _html(md: str, cells, stores, nodes, frameworks) -> str:
-    charts = []
-    for fw in frameworks:
-        values = {(n, s): c["real"]["samples_per_s"] for (s, n, f), c in cells.items() if f == fw}
-        charts.append(_bars(f"Training throughput per node and store ({fw}, samples/s, log scale)", nodes, stores, values))
-        charts.append(_stall(cells, stores, nodes, fw))
-        charts.append(_timeline(cells, fw))
-    body = _md_to_html(md)
+    charts = [draw(cells, stores, nodes, fw) for fw in frameworks
+              for draw in (charts_mod.throughput, charts_mod.stall, charts_mod.utilization)]
+    body = _MARKDOWN.render(md)
     split = body.find("<h2>Why")
     if split >= 0:
         body = body[:split] + '<h2>Charts</h2><div class="charts">' + "".join(charts) + "</div>" + body[split:]
@@ -332,7 +218,7 @@ body {{ font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto;
 table {{ border-collapse: collapse; margin: 1em 0; font-size: 13px; }}
 th, td {{ border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; }}
 th {{ background: #f3f3f3; }}
-.charts svg {{ display: block; margin: 1.5em 0; background: #fafafa; border: 1px solid #eee; }}
+.charts svg {{ display: block; margin: 1.5em 0; max-width: 100%; height: auto; }}
 ul {{ margin: 0.2em 0; }}
 </style></head><body>
 {body}

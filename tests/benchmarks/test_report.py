@@ -1,0 +1,106 @@
+"""The report built from recorded results: store order and colours from the format registry (a
+store it does not know still shows, in a colour of its own), one utilization panel per cell with
+a time axis, Markdown rendered safely, and a page that needs no network."""
+from __future__ import annotations
+
+import json
+import re
+from html.parser import HTMLParser
+
+from trainfeed.benchmarks import charts, report
+from trainfeed.converters.stores import FORMATS
+
+from .recorded import cell, error
+
+TIMELINE = [{"t": 0.0, "cpu_percent": 10.0, "process_cpu_percent": 40.0},
+            {"t": 1.0, "cpu_percent": 90.0, "process_cpu_percent": 300.0}]
+
+
+class Tables(HTMLParser):
+    """The text of every table cell of a page: tables -> rows -> cells."""
+
+    def __init__(self, page: str):
+        super().__init__()
+        self.tables: list[list[list[str]]] = []
+        self.in_cell = False
+        self.feed(page)
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self.tables[-1][-1].append("")
+            self.in_cell = True
+
+    def handle_endtag(self, tag):
+        self.in_cell = self.in_cell and tag not in ("td", "th")
+
+    def handle_data(self, data):
+        if self.in_cell:
+            self.tables[-1][-1][-1] += data
+
+
+def write_results(out, records) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_store_order_is_blob_then_the_registry_then_the_unknown():
+    assert charts.store_order(["zarr", *reversed(list(FORMATS)), "blob", "lance", "zarr"]) == \
+        list(dict.fromkeys(["blob", *FORMATS])) + ["zarr", "lance"]
+
+
+def test_store_colors_known_and_spare():
+    assert charts.store_colors(["blob", "parquet", "zarr", "lance"]) == {
+        "blob": charts.COLORS["blob"], "parquet": charts.COLORS["parquet"], "zarr": charts.SPARE[0],
+        "lance": charts.SPARE[1]}
+    many = [f"fmt{i}" for i in range(2 * len(charts.SPARE) + 1)]
+    assert list(charts.store_colors(many).values()) == [*charts.SPARE, *charts.SPARE, charts.SPARE[0]]
+
+
+def test_report_of_recorded_cells(tmp_path):
+    nodes = ("cpu", "t4")
+    stores = ["hdf5", "zarr", "parquet", "blob"]  # zarr: a format this registry does not know
+    records = [cell(s, n, node_kind="real" if n == "cpu" else "emulated", timeline=TIMELINE, real=100.0 * (i + 1))
+               for i, s in enumerate(stores) for n in nodes if (s, n) != ("zarr", "t4")]
+    records.append(error("zarr", "t4", "reader <script>alert(1)</script> failed | *twice*"))
+    write_results(tmp_path, records)
+    info = report.build(str(tmp_path), target_samples=1000, target_epochs=1)
+    assert (info["cells"], info["errors"], info["failed_cells"]) == (7, 1, 1)
+
+    md = (tmp_path / "report.md").read_text()
+    assert "| node | blob | parquet | hdf5 | zarr | compacted vs blob |" in md
+    page = (tmp_path / "report.html").read_text()
+    tables = Tables(page).tables
+    assert tables[0][0] == ["node", "blob", "parquet", "hdf5", "zarr", "compacted vs blob"]
+    assert [row[0] for row in tables[0][1:]] == ["cpu (this machine)", "t4 (emulated, estimate)"]
+    assert tables[0][2][4] == "-"  # zarr x t4 failed
+    # the failure is shown as text; the escaped pipe stays inside its cell
+    assert tables[-1][1:] == [["zarr", "t4", "torch", "0", "cell", "reader <script>alert(1)</script> failed | twice"]]
+    assert "&lt;script&gt;" in page and "<script" not in page
+
+    svgs = re.findall(r"<svg .*?</svg>", page, re.S)
+    assert [re.search(r'aria-label="([^"]+)"', s).group(1) for s in svgs] == [
+        "throughput torch", "stall breakdown torch", "utilization torch"]
+    throughput, _, utilization = svgs
+    for s in ("blob", "parquet", "hdf5"):
+        assert f"fill: {charts.COLORS[s]}" in throughput
+    assert f"fill: {charts.SPARE[0]}" in throughput  # zarr
+    panels = re.findall(r'<g id="utilization-([a-z0-9]+)-([a-z0-9]+)-torch">', utilization)
+    assert sorted(panels) == sorted((s, n) for s in stores for n in nodes)
+    assert utilization.count(">time (s)<") == len(nodes) and ">not measured<" in utilization
+    assert ">machine CPU %<" in utilization and ">benchmark process, % of all cores<" in utilization
+    # one file that opens offline: nothing fetched, every link inside the page
+    assert not re.search(r"<(script|link|img|iframe)\b", page)
+    assert all(ref.startswith("#") for ref in re.findall(r'href="([^"]*)"', page))
+
+
+def test_report_twice_is_the_same_page_but_for_the_date(tmp_path):
+    write_results(tmp_path, [cell("blob", "t4", timeline=TIMELINE), cell("parquet", "t4", timeline=TIMELINE)])
+    pages = []
+    for _ in range(2):
+        report.build(str(tmp_path), target_samples=1000, target_epochs=1)
+        pages.append(re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", "", (tmp_path / "report.html").read_text()))
+    assert pages[0] == pages[1]
