@@ -20,13 +20,17 @@ from deltalake import ColumnProperties, CommitProperties, DeltaTable, Schema, Wr
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, create_table_with_add_actions
 
-from .errors import TrainfeedError
+from .errors import TrainfeedError, UsageError
 from .layout import DATASET_META, ID, LABEL, DatasetSchema, arrow_schema, from_record_batch, schema_from_arrow
-from .parquet import Part, checked_schema, write_parts
-from .options import WriteOptions, WriteResult
+from .options import Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows, pick_field
+from .parquet import Part, checked_schema, piece_file, row_group_pieces, write_parts
+# A Delta table's files are Parquet: its codecs and its read side are Parquet's.
+from .parquet import COMPRESSION_LEVELS, COMPRESSIONS, DEFAULT_COMPRESSION, UNIT, read_labels, read_piece  # noqa: F401
 from .sources import Sample
 
-FORMAT = "delta"
+FORMAT = name = "delta"
+label = "Delta Lake"
+writable = True
 _DELTA_COMPRESSION = {"none": "UNCOMPRESSED", "lz4": "LZ4_RAW"}
 
 
@@ -97,7 +101,7 @@ def _commit_properties(schema: DatasetSchema) -> CommitProperties:
 
 
 def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
-          *, storage_options: dict[str, str] | None = None, since_version: int | None = None) -> WriteResult:
+          *, since_version: int | None = None) -> WriteResult:
     """Write Parquet parts (the same fast writer as ``--to parquet``) into the table folder,
     then commit them in one Delta transaction. ``opts.mode``: create (``path`` is new),
     overwrite (a new version whose live files are these; older versions stay for time travel
@@ -257,3 +261,17 @@ def read_samples(path, version: int | None = None, storage_options: dict[str, st
         pf = pq.ParquetFile(f)
         for rg in range(pf.num_row_groups):
             yield from from_record_batch(pf.read_row_group(rg), schema)
+
+
+def list_pieces(path, req: ReadRequest) -> Pieces:
+    """The row groups of the live snapshot's files (at ``req.version`` if given), from the log."""
+    if req.version is not None:
+        latest = open_table(path, storage_options=req.storage_options or None).version()
+        if not 0 <= req.version <= latest:
+            raise UsageError(f"--delta-version {req.version}: {path} has versions 0..{latest}")
+    table = open_table(path, req.version, req.storage_options or None)
+    schema = read_schema(path, req.version, req.storage_options or None)
+    listing = row_group_pieces(schema, pick_field(schema, req.field_name, path), table.file_uris())
+    listing.version = table.version()
+    check_declared_rows(path, listing, {}, piece_file)
+    return listing
