@@ -135,7 +135,8 @@ def run_epoch(plan: EpochPlan, piece_rows: Sequence[int], read: Callable[[int, d
         return cols
 
     first_window = plan.window_of_row(start_batch * plan.batch_size)
-    todo = plan.order[plan.window_start(first_window):]
+    last_window = plan.window_of_row(min(plan.rows, plan.batches * plan.batch_size) - 1)  # drop_last: tail unread
+    todo = plan.order[plan.window_start(first_window):plan.window_ends[last_window]]
     results = iter(ordered_map(read_checked, list(todo), max(1, workers), window_per_worker=2))
     loaded: dict[int, _Window] = {}
 
