@@ -119,12 +119,11 @@ def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: Wr
         parts = write_parts(path, schema, _noting_ids(batches, written), opts,
                             part_name=lambda i: f"part-{i:05d}-{run}-c000.parquet")
         schema.samples = sum(p.rows for p in parts)
-        actions = [_add_action(path, p, schema.labeled) for p in parts]
-        delta_schema = Schema.from_arrow(arrow_schema(schema, opts.tensor_column))
         if opts.mode == "create":
-            create_table_with_add_actions(str(path), delta_schema, actions, mode="error",
-                                          commit_properties=_commit_properties(schema))
+            create_table(path, parts, schema, opts.tensor_column)
         else:
+            actions = [_add_action(path, p, schema.labeled) for p in parts]
+            delta_schema = Schema.from_arrow(arrow_schema(schema, opts.tensor_column))
             table = open_table(path) if since_version is None else \
                 _recheck(path, since_version, written if opts.mode == "append" else [])
             table.create_write_transaction(actions, mode=opts.mode, schema=delta_schema,
@@ -183,6 +182,26 @@ def restore(path, version: int) -> None:
     """Make ``version``'s snapshot the live one again (a new commit, recording its schema)."""
     schema = read_schema(path, version)
     open_table(path).restore(version, commit_properties=_commit_properties(schema))
+
+
+def create_table(folder: Path, parts: list[Part], schema: DatasetSchema, tensor_column: str) -> None:
+    """Commit Parquet ``parts`` already in ``folder`` as version 0 of a new Delta table."""
+    actions = [_add_action(folder, p, schema.labeled) for p in parts]
+    create_table_with_add_actions(str(folder), Schema.from_arrow(arrow_schema(schema, tensor_column)), actions,
+                                  mode="error", commit_properties=_commit_properties(schema))
+
+
+def describe_part(folder: Path, name: str) -> Part:
+    """A Parquet file another writer (Spark) put in ``folder``, described as ``write_parts``
+    describes its own (rows, size, id and label ranges)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(folder / name)
+    t = pf.read(columns=[ID, LABEL])
+    labels = t.column(LABEL)
+    return Part(name, t.num_rows, pf.num_row_groups, (folder / name).stat().st_size, pc.min(t.column(ID)).as_py(),
+                pc.max(t.column(ID)).as_py(), (pc.min(labels).as_py(), pc.max(labels).as_py()))
 
 
 def _add_action(folder: Path, part: Part, labeled: bool) -> AddAction:

@@ -138,8 +138,9 @@ def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: Wr
     return WriteResult(files, sum(p.size for p in parts), {"row_groups": sum(p.row_groups for p in parts)})
 
 
-def write_manifest(path: Path, fmt: str, schema: DatasetSchema, parts: list[dict]) -> None:
-    manifest = {"format": fmt, "writer": WRITER, "schema": schema.to_dict(), "parts": parts}
+def write_manifest(path: Path, fmt: str, schema: DatasetSchema, parts: list[dict], writer: str = WRITER) -> None:
+    """The manifest of a Parquet or sharded HDF5 store: ``parts`` are {"file": NAME, "rows": N}."""
+    manifest = {"format": fmt, "writer": writer, "schema": schema.to_dict(), "parts": parts}
     (path / MANIFEST).write_text(json.dumps(manifest, indent=1))
 
 
