@@ -40,7 +40,7 @@ def piece_file(piece: SourceFile) -> str:
     return piece.path
 
 
-def read_piece(listing: Pieces, piece: SourceFile, handles: dict) -> Columns:
+def read_piece(listing: Pieces, piece: SourceFile, handles: dict, empty=np.empty) -> Columns:
     sample = load_sample(listing.extra["fs"], listing.extra["kind"], piece, listing.extra["labels"], ImageOptions())
     label = -1 if sample.label is None else sample.label
     return Columns([sample.id], np.array([label], np.int64), np.asarray(sample.fields[listing.spec.name])[None])

@@ -363,9 +363,9 @@ def piece_file(piece: tuple[str, int, int]) -> str:
     return piece[0]
 
 
-def read_piece(listing: Pieces, piece: tuple[str, int, int], handles: dict) -> Columns:
+def read_piece(listing: Pieces, piece: tuple[str, int, int], handles: dict, empty=np.empty) -> Columns:
     """One contiguous slice of each dataset. ``handles``: open files kept by the caller (one
-    dict per reading thread: h5py serializes calls on one handle)."""
+    dict per reading thread). ``empty(shape, dtype)``: where a raw tensor slice is read into."""
     f, start, stop = piece
     h5 = handles.get(f)
     if h5 is None:
@@ -373,7 +373,14 @@ def read_piece(listing: Pieces, piece: tuple[str, int, int], handles: dict) -> C
     ids = [x.decode() if isinstance(x, bytes) else x for x in h5[ID][start:stop]]
     y = h5[LABEL][start:stop].astype(np.int64, copy=False) if listing.schema.labeled \
         else np.full(stop - start, -1, np.int64)
-    return Columns(ids, y, h5[listing.spec.name][start:stop])
+    ds = h5[listing.spec.name]
+    if not listing.spec.is_raw:
+        return Columns(ids, y, ds[start:stop])
+    stop = min(stop, ds.shape[0])  # a file cut short reads short, as a slice would (readers check the count)
+    x = empty((max(0, stop - start), *ds.shape[1:]), ds.dtype)
+    if len(x):
+        ds.read_direct(x, np.s_[start:stop])
+    return Columns(ids, y, x)
 
 
 def read_labels(listing: Pieces) -> Iterator[np.ndarray]:

@@ -279,17 +279,19 @@ def piece_file(piece: tuple[str, int]) -> str:
     return piece[0]
 
 
-def read_piece(listing: Pieces, piece: tuple[str, int], handles: dict) -> Columns:
+def read_piece(listing: Pieces, piece: tuple[str, int], handles: dict, empty=np.empty) -> Columns:
     """One row group; a binary tensor column becomes a zero-copy view of its data buffer (all
     values have the same length, so the buffer is the stacked tensors). ``handles``: open
-    files kept by the caller (one dict per reading thread)."""
+    files kept by the caller (one dict per reading thread). ``empty``: unused (Arrow allocates)."""
     f, rg = piece
     pf = handles.get(f) or handles.setdefault(f, pq.ParquetFile(f))
     return table_columns(pf.read_row_group(rg, columns=[ID, LABEL, listing.spec.name]), listing.spec)
 
 
 def table_columns(table: pa.Table, spec: FieldSpec) -> Columns:
-    col = table.column(spec.name).combine_chunks()
+    chunked = table.column(spec.name)
+    # one row group reads as one chunk: take it as is (combine_chunks would copy it)
+    col = chunked.chunk(0) if chunked.num_chunks == 1 else chunked.combine_chunks()
     n = len(col)
     if pa.types.is_binary(col.type):
         offsets = np.frombuffer(col.buffers()[1], np.int32, n + 1, col.offset * 4)

@@ -15,6 +15,7 @@ what the window permutation decides.
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
@@ -81,6 +82,43 @@ def plan_epoch(piece_rows: Sequence[int], shard_pieces: Sequence[int], *, batch_
                      shuffle, (seed, epoch, 1))
 
 
+class Recycler:
+    """``empty(shape, dtype)`` that hands out memory again once nothing refers to what it gave.
+
+    Fresh memory from the OS is page-faulted and zeroed on first touch, which costs more than
+    the copy into it (glibc returns large blocks to the OS on free). An array given out is a
+    view of a pooled block through a memoryview: numpy's views of it, and views of those,
+    all keep that array alive (a view's base stops at an array whose base is not an array),
+    so the block returns to the pool only when no view of it is left."""
+
+    def __init__(self, keep: int = 8):
+        self.keep = keep
+        self.free: dict[tuple, list[np.ndarray]] = {}
+        self.lock = threading.Lock()
+
+    def empty(self, shape: tuple, dtype) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        key = (tuple(shape), dtype.str)
+        with self.lock:
+            blocks = self.free.get(key)
+            block = blocks.pop() if blocks else None
+        if block is None:
+            block = np.empty(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, np.uint8)
+        flat = np.frombuffer(memoryview(block), dtype=dtype)  # its base: the memoryview, not an array
+        weakref.finalize(flat, self._give_back, key, block)
+        return flat.reshape(shape)
+
+    def _give_back(self, key: tuple, block: np.ndarray) -> None:
+        with self.lock:
+            blocks = self.free.setdefault(key, [])
+            if len(blocks) < self.keep:
+                blocks.append(block)
+
+
+#: One pool for the process: consecutive epochs and readers reuse the same blocks.
+RECYCLER = Recycler()
+
+
 class _Window:
     """A loaded window: its pieces' columns, and where each of its rows comes from."""
 
@@ -92,10 +130,10 @@ class _Window:
         self.row = perm - starts[self.piece]
 
 
-def gather(windows: list[tuple[_Window, int, int]], n: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def gather(windows: list[tuple[_Window, int, int]], n: int, empty=np.empty) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Rows [lo, hi) of each (window, lo, hi), gathered into one new batch of ``n`` rows."""
     first = windows[0][0].columns[0].x
-    x = np.empty((n, *first.shape[1:]), dtype=first.dtype)
+    x = empty((n, *first.shape[1:]), first.dtype)
     y = np.empty(n, dtype=np.int64)
     ids: list[str] = []
     at = 0
@@ -113,20 +151,22 @@ def gather(windows: list[tuple[_Window, int, int]], n: int) -> tuple[np.ndarray,
     return x, y, ids
 
 
-def run_epoch(plan: EpochPlan, piece_rows: Sequence[int], read: Callable[[int, dict], Columns],
+def run_epoch(plan: EpochPlan, piece_rows: Sequence[int], read: Callable[[int, dict, Callable], Columns],
               describe: Callable[[int], str], *, workers: int, start_batch: int = 0
               ) -> Iterator[tuple[np.ndarray, np.ndarray, list[str]]]:
-    """Batches ``start_batch``.. of ``plan`` as (x, y, ids). ``read(piece_index, handles)`` reads one
-    piece (``handles``: a dict the reading thread keeps its open files in); ``describe(piece_index)``
-    names its file in errors. Reads start at the window holding batch ``start_batch``'s first row."""
+    """Batches ``start_batch``.. of ``plan`` as (x, y, ids). ``read(piece_index, handles, empty)``
+    reads one piece (``handles``: a dict the reading thread keeps its open files in; ``empty``:
+    where to allocate arrays it fills itself); ``describe(piece_index)`` names its file in errors.
+    Reads start at the window holding batch ``start_batch``'s first row."""
     if start_batch < 0:
         raise UsageError(f"start_batch must be 0 or more, not {start_batch}")
     if start_batch >= plan.batches:
         return
     local = threading.local()
+    recycler = RECYCLER
 
     def read_checked(i: int) -> Columns:
-        cols = read(int(i), local.__dict__.setdefault("handles", {}))
+        cols = read(int(i), local.__dict__.setdefault("handles", {}), recycler.empty)
         listed = piece_rows[i]
         if not len(cols.ids) == len(cols.labels) == len(cols.x) == listed:
             raise TrainfeedError(f"{describe(int(i))}: read {len(cols.ids)} ids, {len(cols.labels)} labels and "
@@ -162,4 +202,4 @@ def run_epoch(plan: EpochPlan, piece_rows: Sequence[int], read: Callable[[int, d
             parts.append((loaded[w], max(lo, base) - base, min(hi, int(plan.window_rows[w + 1])) - base))
         for w in [w for w in loaded if plan.window_rows[w + 1] <= hi]:
             del loaded[w]  # fully delivered once this batch is built (``parts`` holds it until then)
-        yield gather(parts, hi - lo)
+        yield gather(parts, hi - lo, recycler.empty)

@@ -156,7 +156,7 @@ def iter_batches(store: Store, opts: ReaderOptions, epoch: int = 0, start_batch:
     listing, module = store.extra["listing"], store.module
     for x, y, ids in engine.run_epoch(
             epoch_plan(store, opts, epoch), store.piece_rows,
-            lambda i, handles: module.read_piece(listing, store.pieces[i], handles),
+            lambda i, handles, empty: module.read_piece(listing, store.pieces[i], handles, empty),
             lambda i: module.piece_file(store.pieces[i]), workers=opts.workers, start_batch=start_batch):
         yield Batch(x, y, ids)
 

@@ -23,9 +23,9 @@ def counting(store, monkeypatch) -> list[int]:
     index = {id(p): i for i, p in enumerate(store.pieces)}
     reads: list[int] = []
 
-    def read_piece(listing, piece, handles):
+    def read_piece(listing, piece, handles, empty=np.empty):
         reads.append(index[id(piece)])
-        return read(listing, piece, handles)
+        return read(listing, piece, handles, empty)
 
     monkeypatch.setattr(module, "read_piece", read_piece)
     return reads
@@ -79,9 +79,30 @@ def test_batches_are_new_arrays_not_views_of_pieces(learnable):
     store = open_store(str(learnable["stores"]["parquet"]))
     opts = ReaderOptions(batch_size=16, shuffle_buffer=64)
     a, b = next(iter_batches(store, opts)), next(iter_batches(store, opts))
-    assert a.x.flags.c_contiguous and a.x.flags.writeable and a.x.base is None
-    a.x[:] = 0  # the caller owns its batch: writing to it changes nothing else
+    assert a.x.flags.c_contiguous and a.x.flags.writeable and not np.shares_memory(a.x, b.x)
+    kept = a.x[3]  # a view the caller keeps after dropping its batch
+    expected = kept.copy()
+    a.x[:2] = 0  # the caller owns its batch: writing to it changes nothing else
     assert b.x.any()
+    del a
+    for _ in iter_batches(store, opts):  # recycled memory is reused only once no view of it is left
+        pass
+    assert np.array_equal(kept, expected)
+
+
+def test_recycler_gives_memory_back_only_when_no_view_is_left():
+    import gc
+
+    recycler = engine.Recycler()
+    a = recycler.empty((4, 3), np.float32)
+    view = a[1:3].T
+    del a
+    gc.collect()
+    assert recycler.free == {}
+    del view
+    gc.collect()
+    assert [len(blocks) for blocks in recycler.free.values()] == [1]
+    assert recycler.empty((4, 3), np.float32).flags.writeable and recycler.free == {((4, 3), "<f4"): []}
 
 
 def test_a_piece_that_delivers_fewer_rows_than_listed_stops_the_epoch(learnable, tmp_path):
