@@ -21,9 +21,9 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, create_table_with_add_actions
 
 from .errors import TrainfeedError, UsageError
-from .layout import DATASET_META, ID, LABEL, DatasetSchema, arrow_schema, from_record_batch, schema_from_arrow
+from .layout import DATASET_META, ID, LABEL, DatasetSchema, arrow_schema, schema_from_arrow
 from .options import Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows, pick_field
-from .parquet import Part, checked_schema, piece_file, row_group_pieces, write_parts
+from .parquet import Part, checked_schema, piece_file, row_group_pieces, row_group_samples, write_parts
 # A Delta table's files are Parquet: its codecs and its read side are Parquet's.
 from .parquet import COMPRESSION_LEVELS, COMPRESSIONS, DEFAULT_COMPRESSION, UNIT, read_labels, read_piece  # noqa: F401
 from .sources import Sample
@@ -273,13 +273,8 @@ def data_files(path, version: int | None = None, storage_options: dict[str, str]
 
 
 def read_samples(path, version: int | None = None, storage_options: dict[str, str] | None = None) -> Iterator[tuple]:
-    import pyarrow.parquet as pq
-
-    schema = read_schema(path, version, storage_options)
-    for f in data_files(path, version, storage_options):
-        pf = pq.ParquetFile(f)
-        for rg in range(pf.num_row_groups):
-            yield from from_record_batch(pf.read_row_group(rg), schema)
+    """Every sample of the snapshot with all its fields (what ``--verify`` compares): the pieces training reads."""
+    return row_group_samples(list_pieces(path, ReadRequest(version=version, storage_options=storage_options or {})))
 
 
 def list_pieces(path, req: ReadRequest) -> Pieces:

@@ -295,23 +295,22 @@ def read_schema(path) -> DatasetSchema:
         raise ValueError(f"{path}: root attribute {DATASET_META!r} is not valid JSON ({exc})") from exc
 
 
-def read_samples(path, batch_rows: int = 256) -> Iterator[tuple[str, int | None, dict]]:
-    """Every sample in write order, read in slices of ``batch_rows`` (plain h5py)."""
-    schema = read_schema(path)
-    for f in data_files(path):
-        with h5py.File(f, "r") as h5:
-            n = h5[ID].shape[0]
-            for start in range(0, n, batch_rows):
-                stop = min(n, start + batch_rows)
-                ids = [x.decode() if isinstance(x, bytes) else x for x in h5[ID][start:stop]]
-                labels = h5[LABEL][start:stop].tolist() if schema.labeled else [None] * len(ids)
-                cols = {spec.name: h5[spec.name][start:stop] for spec in schema.fields}
-                for i, sid in enumerate(ids):
-                    fields = {
-                        spec.name: (cols[spec.name][i] if spec.is_raw else cols[spec.name][i].tobytes())
-                        for spec in schema.fields
-                    }
-                    yield sid, labels[i], fields
+def read_samples(path) -> Iterator[tuple[str, int | None, dict]]:
+    """Every sample with all its fields, in write order (what ``--verify`` compares): the
+    pieces training reads (slices of whole chunks, plain h5py)."""
+    listing = list_pieces(path, ReadRequest())
+    schema = listing.schema
+    handles: dict = {}
+    for f, start, stop in listing.pieces:
+        h5 = handles.get(f) or handles.setdefault(f, h5py.File(f, "r"))
+        ids = [x.decode() if isinstance(x, bytes) else x for x in h5[ID][start:stop]]
+        labels = h5[LABEL][start:stop].tolist() if schema.labeled else [None] * len(ids)
+        cols = {spec.name: h5[spec.name][start:stop] for spec in schema.fields}
+        for i, sid in enumerate(ids):
+            yield sid, labels[i], {spec.name: (cols[spec.name][i] if spec.is_raw else cols[spec.name][i].tobytes())
+                                   for spec in schema.fields}
+    for h5 in handles.values():
+        h5.close()
 
 
 # ------------------------------------------------------------------ read side

@@ -245,12 +245,16 @@ def read_schema(path) -> DatasetSchema:
 
 
 def read_samples(path) -> Iterator[tuple[str, int | None, dict]]:
-    """Every sample in write order, one row group at a time (plain pyarrow, no Petastorm)."""
-    schema = read_schema(path)
-    for f in data_files(path):
-        pf = pq.ParquetFile(f)
-        for rg in range(pf.num_row_groups):
-            yield from from_record_batch(pf.read_row_group(rg), schema)
+    """Every sample with all its fields, in write order (what ``--verify`` compares): the
+    pieces training reads, one row group at a time (plain pyarrow, no Petastorm)."""
+    return row_group_samples(list_pieces(path, ReadRequest()))
+
+
+def row_group_samples(listing: Pieces) -> Iterator[tuple[str, int | None, dict]]:
+    handles: dict = {}
+    for f, rg in listing.pieces:
+        pf = handles.get(f) or handles.setdefault(f, pq.ParquetFile(f))
+        yield from from_record_batch(pf.read_row_group(rg), listing.schema)
 
 
 # ------------------------------------------------------------------ read side (shared with Delta)
