@@ -8,7 +8,7 @@ Each format is one module registered in FORMATS. What the rest of trainfeed take
   ``read_samples(path)`` (what ``--verify`` compares), ``is_store(path)``, ``COMPRESSIONS``,
   ``DEFAULT_COMPRESSION``, ``COMPRESSION_LEVELS``;
 - every format, the read side of training: ``list_pieces(path, ReadRequest) -> Pieces``,
-  ``read_piece(pieces, piece, handles) -> Columns``, ``read_labels(pieces)``, ``piece_file(piece)``.
+  ``read_piece(pieces, piece, handles, empty=np.empty) -> Columns``, ``read_labels(pieces)``, ``piece_file(piece)``.
 
 Adding a format: its module, one line here, and its round-trip test (tests/converters/test_registry.py
 checks the interface and round-trips every writable format).
