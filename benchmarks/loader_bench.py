@@ -1,154 +1,148 @@
-"""Ingest-only throughput of every reader on the same >= 1 GB dataset, next to the raw
-limit measured in the same run: reading the same Parquet files into Arrow memory with
-pyarrow, no decoding beyond it. No model: this is the "ingest-only" leg of the
-differential stall analysis.
+"""Ingest-only throughput of trainfeed's read engine, per format, next to the format's own floor
+measured in the same run on the same files (page cache warm, no model):
 
-    python -m trainfeed.benchmarks.loader_bench --out bench-out/loader.jsonl [--gb 1.0]
+- parquet, delta: ``pyarrow.parquet.ParquetFile.iter_batches`` over the store's files;
+- hdf5: contiguous h5py slices of every dataset, in file order;
+- blob: a plain threaded read of the small files' bytes.
+
+Floors and the engine use the same number of threads (``--workers``, default 2); the engine
+reads a shuffled epoch (seeded, shuffle buffer 256, batches of 32). ``vs_floor`` is the engine's
+rate over the floor's, measured back to back (pairs share the machine's noise); ``cpu_vs_floor``
+the floor's CPU seconds over the engine's for the same bytes (less sensitive to other load).
+
+    python -m trainfeed.benchmarks.loader_bench --out bench-out/loader.jsonl [--gb 0.3] [--repeats 3]
+
+Runs against any trainfeed that has ``open_store``/``iter_batches`` (to compare with an older
+reader, run this file with that checkout's interpreter from its folder).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import h5py
 import pyarrow.parquet as pq
 
+from trainfeed.benchmarks.convert_bench import ensure_dataset
 from trainfeed.converters.convert import ConvertConfig, convert
-from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.layout import ID, LABEL
 from trainfeed.converters.options import WriteOptions
+from trainfeed.training.metrics import environment
 from trainfeed.training.readers import ReaderOptions, iter_batches, open_store
 
-from trainfeed.training.metrics import environment
-
-from .convert_bench import ensure_dataset
-
 MB = 10**6
+FORMATS = ("parquet", "delta", "hdf5", "blob")
 
 
 def build_stores(src: Path, work: Path) -> dict[str, Path]:
-    """The layouts compared (cached across runs): Parquet at three row-group sizes, a list
-    column, Delta and HDF5 — all uncompressed, from the same source."""
-    variants = {
-        "parquet-rg8MB": ("parquet", WriteOptions(row_group_size=8 * MB)),
-        "parquet-rg32MB": ("parquet", WriteOptions(row_group_size=32 * MB)),
-        "parquet-rg128MB": ("parquet", WriteOptions(row_group_size=128 * MB, target_file_size=256 * MB)),
-        "parquet-list-rg32MB": ("parquet", WriteOptions(row_group_size=32 * MB, tensor_column="list")),
-        "delta-rg32MB": ("delta", WriteOptions(row_group_size=32 * MB)),
-        "hdf5": ("hdf5", WriteOptions()),
-    }
-    out = {}
-    for name, (fmt, opts) in variants.items():
-        dst = work / f"store-{name}"
+    """One store per writable format (uncompressed, default sizes), cached across runs; blob is the source."""
+    out = {"blob": src}
+    for fmt in ("parquet", "delta", "hdf5"):
+        dst = work / f"store-{src.name}-{fmt}"
         if not dst.exists():
-            convert(ConvertConfig(src=str(src), dst=str(dst), fmt=fmt, write=opts, labels_csv=str(src / "labels.csv")))
-        out[name] = dst
-    out["blob"] = src
+            convert(ConvertConfig(src=str(src), dst=str(dst), fmt=fmt, write=WriteOptions(),
+                                  labels_csv=str(src / "labels.csv")))
+        out[fmt] = dst
     return out
 
 
-def raw_limit(store: Path) -> tuple[float, int]:
-    """Seconds to read every Parquet file of ``store`` into Arrow memory (pyarrow's own threads)."""
-    from trainfeed.converters import parquet
+def floor(fmt: str, path: Path, workers: int) -> tuple[float, float, int]:
+    """Seconds, CPU seconds (all threads) and tensor bytes of the format's own plain read of every sample, in file order,
+    ``workers`` threads sharing the units (row groups, slices of whole chunks, files)."""
+    store = open_store(str(path), fmt, ReaderOptions(labels_csv=str(path / "labels.csv") if fmt == "blob" else None))
+    name = store.spec.name
+    local = threading.local()
 
-    files = parquet.data_files(store)
-    t0 = time.perf_counter()
-    rows = sum(pq.read_table(f).num_rows for f in files)
-    return time.perf_counter() - t0, rows
+    def handle(f: str, opener):
+        handles = local.__dict__.setdefault("handles", {})
+        return handles.get(f) or handles.setdefault(f, opener(f))
+
+    def parquet_unit(unit: tuple[str, int]) -> int:
+        pf = handle(unit[0].removeprefix("file://"), pq.ParquetFile)
+        return sum(b.num_rows for b in pf.iter_batches(row_groups=[unit[1]], columns=[ID, LABEL, name]))
+
+    def hdf5_unit(unit: tuple[str, int, int]) -> int:
+        h5 = handle(unit[0], lambda f: h5py.File(f, "r"))
+        f, start, stop = unit
+        h5[ID][start:stop], h5[LABEL][start:stop], h5[name][start:stop]
+        return stop - start
+
+    def blob_unit(unit) -> int:
+        with open(unit.path, "rb") as fh:
+            fh.read()
+        return 1
+
+    read = {"parquet": parquet_unit, "delta": parquet_unit, "hdf5": hdf5_unit, "blob": blob_unit}[fmt]
+    t0, c0 = time.perf_counter(), time.process_time()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        rows = sum(pool.map(read, store.pieces))
+    return time.perf_counter() - t0, time.process_time() - c0, rows * store.spec.sample_nbytes
 
 
-def ingest(store_path: Path, opts: ReaderOptions, fmt: str | None = None) -> tuple[float, int, int]:
-    store = open_store(str(store_path), fmt, opts)
-    t0 = time.perf_counter()
-    samples = nbytes = 0
-    for batch in iter_batches(store, opts):
-        samples += len(batch.ids)
-        nbytes += batch.nbytes
-    return time.perf_counter() - t0, samples, nbytes
-
-
-def cases(stores: dict[str, Path], src: Path) -> list[tuple[str, Path, ReaderOptions, str | None]]:
-    labels = str(src / "labels.csv")
-    base = dict(batch_size=32, shuffle=True, shuffle_buffer=256, drop_last=False)
-    out = []
-    for pool in ("sharded", "process", "thread", "dummy"):
-        for workers in ((1, 2, 4) if pool != "dummy" else (1,)):
-            out.append((f"petastorm-{pool}-w{workers} rg32MB", stores["parquet-rg32MB"],
-                        ReaderOptions(pool=pool, workers=workers, **base), None))
-    for workers in (1, 2, 4):
-        out.append((f"arrow (no petastorm)-w{workers} rg32MB", stores["parquet-rg32MB"],
-                    ReaderOptions(pool="arrow", workers=workers, **base), None))
-    for rg in ("rg8MB", "rg128MB"):
-        out.append((f"petastorm-sharded-w2 {rg}", stores[f"parquet-{rg}"], ReaderOptions(pool="sharded", workers=2, **base), None))
-    out.append(("petastorm-sharded-w2 list-rg32MB", stores["parquet-list-rg32MB"],
-                ReaderOptions(pool="sharded", workers=2, **base), None))
-    out.append(("delta petastorm-sharded-w2", stores["delta-rg32MB"], ReaderOptions(pool="sharded", workers=2, **base), None))
-    for workers in (1, 2):
-        out.append((f"hdf5-w{workers}", stores["hdf5"], ReaderOptions(workers=workers, **base), None))
-    for workers in (4, 16):
-        out.append((f"blob-local-w{workers}", stores["blob"], ReaderOptions(workers=workers, labels_csv=labels, **base), "blob"))
-    return out
+def engine(fmt: str, path: Path, workers: int) -> tuple[float, float, int]:
+    """Seconds, CPU seconds (all threads) and tensor bytes of one shuffled epoch through trainfeed's reader."""
+    opts = ReaderOptions(batch_size=32, workers=workers, shuffle=True, shuffle_buffer=256, drop_last=False,
+                         pool="arrow", labels_csv=str(path / "labels.csv") if fmt == "blob" else None)
+    store = open_store(str(path), fmt, opts)
+    t0, c0 = time.perf_counter(), time.process_time()
+    nbytes = sum(batch.nbytes for batch in iter_batches(store, opts))
+    return time.perf_counter() - t0, time.process_time() - c0, nbytes
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="bench-out/loader.jsonl")
     ap.add_argument("--work", default="bench-out/work")
-    ap.add_argument("--gb", type=float, default=1.0)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--gb", type=float, default=0.3)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--label", default="", help="recorded with every line (e.g. which checkout ran it)")
     args = ap.parse_args(argv)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     src = ensure_dataset(work, args.gb)
     stores = build_stores(src, work)
-    env = {**environment(), "page_cache": "warm (every store read once before timing)"}
-    for path in stores.values():  # warm the page cache for every layout alike
-        for f in path.rglob("*"):
-            if f.is_file():
-                f.read_bytes()
+    env = {**environment(), "page_cache": "warm (every store read by the floor and the engine once before timing)"}
+    formats = args.formats.split(",")
+    for fmt in formats:  # warm the page cache, and the code paths, for every layout alike
+        floor(fmt, stores[fmt], args.workers)
+        engine(fmt, stores[fmt], args.workers)
     records = []
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "a") as out:
         for rep in range(args.repeats):
-            for name, path, opts, fmt in cases(stores, src):
-                # the raw limit is measured right before each case: ratios per pair, noise shared
-                raw_s, rows = raw_limit(stores["parquet-rg32MB"])
-                raw_rate = rows * 360_000 / raw_s / MB
-                rec = {"bench": "loader", "case": name, "repeat": rep, "raw_limit_mb_per_s": raw_rate, "env": env}
-                try:
-                    seconds, samples, nbytes = ingest(path, opts, fmt)
-                    rec.update(seconds=seconds, samples=samples, mb_per_s=nbytes / seconds / MB,
-                               samples_per_s=samples / seconds, vs_raw=(nbytes / seconds / MB) / raw_rate)
-                except TrainfeedError as exc:
-                    rec.update(error=str(exc))
+            for fmt in formats:
+                floor_s, floor_cpu, floor_bytes = floor(fmt, stores[fmt], args.workers)
+                seconds, cpu, nbytes = engine(fmt, stores[fmt], args.workers)
+                assert nbytes == floor_bytes, f"{fmt}: the engine delivered {nbytes} bytes, the floor read {floor_bytes}"
+                rec = {"bench": "loader", "format": fmt, "label": args.label, "repeat": rep, "workers": args.workers,
+                       "mb": nbytes / MB, "floor_mb_per_s": floor_bytes / floor_s / MB, "mb_per_s": nbytes / seconds / MB,
+                       "vs_floor": (nbytes / seconds) / (floor_bytes / floor_s),
+                       "cpu_s_per_gb": cpu / nbytes * 1e9, "floor_cpu_s_per_gb": floor_cpu / floor_bytes * 1e9,
+                       "cpu_vs_floor": floor_cpu / cpu, "env": env}
                 records.append(rec)
                 out.write(json.dumps(rec) + "\n")
                 out.flush()
-        na = {"bench": "loader", "case": "petastorm make_reader", "skipped": (
-            "make_reader needs a Petastorm dataset (Unischema metadata written by materialize_dataset on Spark) "
-            "and unpickles that metadata; trainfeed stores are plain Parquet with JSON metadata, read with "
-            "make_batch_reader")}
-        out.write(json.dumps(na) + "\n")
     print(summarize(records))
 
 
 def summarize(records: list[dict]) -> str:
-    groups: dict[str, list[dict]] = {}
-    for r in records:
-        groups.setdefault(r["case"], []).append(r)
-    raw = statistics.median(r["raw_limit_mb_per_s"] for r in records)
-    lines = [f"raw limit (pyarrow read of the rg32MB Parquet files, median of all pairs): {raw:.0f} MB/s",
-             f"{'case':<36}{'MB/s':>8}{'samples/s':>11}{'vs raw (per-pair median)':>26}"]
-    for case, rs in groups.items():
-        ok = [r for r in rs if "error" not in r]
-        if not ok:
-            lines.append(f"{case:<36}  failed: {rs[0]['error'][:60]}")
-            continue
-        note = f"  ({len(rs) - len(ok)} of {len(rs)} runs stopped: rows dropped)" if len(ok) < len(rs) else ""
-        lines.append(f"{case:<36}{statistics.median(r['mb_per_s'] for r in ok):>8.0f}"
-                     f"{statistics.median(r['samples_per_s'] for r in ok):>11.0f}"
-                     f"{statistics.median(r['vs_raw'] for r in ok):>26.2f}{note}")
+    lines = [f"{'format':<10}{'engine MB/s':>12}{'floor MB/s':>12}{'vs floor':>10}{'CPU s/GB':>10}"
+             f"{'floor CPU s/GB':>16}{'CPU vs floor':>14}   (medians of pairs)"]
+    for fmt in dict.fromkeys(r["format"] for r in records):
+        rs = [r for r in records if r["format"] == fmt]
+        lines.append(f"{fmt:<10}{statistics.median(r['mb_per_s'] for r in rs):>12.0f}"
+                     f"{statistics.median(r['floor_mb_per_s'] for r in rs):>12.0f}"
+                     f"{statistics.median(r['vs_floor'] for r in rs):>10.2f}"
+                     f"{statistics.median(r['cpu_s_per_gb'] for r in rs):>10.2f}"
+                     f"{statistics.median(r['floor_cpu_s_per_gb'] for r in rs):>16.2f}"
+                     f"{statistics.median(r['cpu_vs_floor'] for r in rs):>14.2f}")
     return "\n".join(lines)
 
 

@@ -11,18 +11,19 @@ import typer
 
 from .convert import ConvertConfig, convert
 from .errors import TrainfeedError, UsageError
-from .options import DEFAULT_COMPRESSION, WriteOptions, parse_size
+from .options import WriteOptions, parse_size
 from .progress import progress_bar
 from .redact import redact, redact_json, register_environment, register_storage_options
 from .sources import ImageOptions
+from .stores import FORMATS, WRITABLE
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 
 
-class Format(str, Enum):
-    parquet = "parquet"
-    delta = "delta"
-    hdf5 = "hdf5"
+Format = Enum("Format", {name: name for name in WRITABLE}, type=str)  # the registry's writable formats
+_CODECS = ". ".join(f"{name}: {', '.join(FORMATS[name].COMPRESSIONS)}" for name in WRITABLE)
+_LEVELS = ". ".join(f"{name}: " + ", ".join(f"{codec} {lo}-{hi}" for codec, (lo, hi) in
+                                            FORMATS[name].COMPRESSION_LEVELS.items()) for name in WRITABLE)
 
 
 class Mode(str, Enum):
@@ -146,13 +147,11 @@ def main_command(
                                                "tensor is stored. binary: its little-endian bytes (fastest to write "
                                                "and read). list: an array of numbers (what Spark and DuckDB show as "
                                                "arrays; about 2-3x slower to read; not for float16)."),
-    compression: Optional[str] = typer.Option(None, "--compression", help="parquet/delta: none, snappy, zstd, lz4, "
-                                              "gzip, brotli. hdf5: none, lzf, gzip. Default none: float tensors "
+    compression: Optional[str] = typer.Option(None, "--compression", help=f"{_CODECS}. Default none: float tensors "
                                               "and JPEG bytes hardly compress and a codec costs throughput; "
                                               "use zstd for data that does (masks, integer CT, pixels)."),
-    compression_level: Optional[int] = typer.Option(None, "--compression-level", help="Codec level. parquet/delta: "
-                                                    "zstd 1-22, gzip 1-9, brotli 0-11. hdf5: gzip 0-9. "
-                                                    "none, snappy, lz4 and lzf take no level."),
+    compression_level: Optional[int] = typer.Option(None, "--compression-level", help=f"Codec level. {_LEVELS}; "
+                                                    "other codecs take no level."),
     hdf5_chunk_size: str = typer.Option("1MB", "--hdf5-chunk-size", help="Approximate HDF5 chunk size; chunks span "
                                         "whole samples along the first axis."),
     mode: Mode = typer.Option(Mode.create, "--mode", help="create: refuse an existing DST. overwrite: replace, "
@@ -191,7 +190,7 @@ def main_command(
             write=WriteOptions(
                 target_file_size=parse_size(target_file_size, "--target-file-size"),
                 row_group_size=parse_size(row_group_size, "--row-group-size"),
-                compression=compression or DEFAULT_COMPRESSION[to.value],
+                compression=compression or FORMATS[to.value].DEFAULT_COMPRESSION,
                 compression_level=compression_level,
                 hdf5_chunk_size=parse_size(hdf5_chunk_size, "--hdf5-chunk-size"),
                 mode=Mode.overwrite.value if overwrite else mode.value,

@@ -20,13 +20,17 @@ from deltalake import ColumnProperties, CommitProperties, DeltaTable, Schema, Wr
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, create_table_with_add_actions
 
-from .errors import TrainfeedError
-from .layout import DATASET_META, ID, LABEL, DatasetSchema, arrow_schema, from_record_batch, schema_from_arrow
-from .parquet import Part, checked_schema, write_parts
-from .options import WriteOptions, WriteResult
+from .errors import TrainfeedError, UsageError
+from .layout import DATASET_META, ID, LABEL, DatasetSchema, arrow_schema, schema_from_arrow
+from .options import Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows, pick_field
+from .parquet import Part, checked_schema, piece_file, row_group_pieces, row_group_samples, write_parts
+# A Delta table's files are Parquet: its codecs and its read side are Parquet's.
+from .parquet import COMPRESSION_LEVELS, COMPRESSIONS, DEFAULT_COMPRESSION, UNIT, read_labels, read_piece  # noqa: F401
 from .sources import Sample
 
-FORMAT = "delta"
+FORMAT = name = "delta"
+label = "Delta Lake"
+writable = True
 _DELTA_COMPRESSION = {"none": "UNCOMPRESSED", "lz4": "LZ4_RAW"}
 
 
@@ -97,7 +101,7 @@ def _commit_properties(schema: DatasetSchema) -> CommitProperties:
 
 
 def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
-          *, storage_options: dict[str, str] | None = None, since_version: int | None = None) -> WriteResult:
+          *, since_version: int | None = None) -> WriteResult:
     """Write Parquet parts (the same fast writer as ``--to parquet``) into the table folder,
     then commit them in one Delta transaction. ``opts.mode``: create (``path`` is new),
     overwrite (a new version whose live files are these; older versions stay for time travel
@@ -115,12 +119,11 @@ def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: Wr
         parts = write_parts(path, schema, _noting_ids(batches, written), opts,
                             part_name=lambda i: f"part-{i:05d}-{run}-c000.parquet")
         schema.samples = sum(p.rows for p in parts)
-        actions = [_add_action(path, p, schema.labeled) for p in parts]
-        delta_schema = Schema.from_arrow(arrow_schema(schema, opts.tensor_column))
         if opts.mode == "create":
-            create_table_with_add_actions(str(path), delta_schema, actions, mode="error",
-                                          commit_properties=_commit_properties(schema))
+            create_table(path, parts, schema, opts.tensor_column)
         else:
+            actions = [_add_action(path, p, schema.labeled) for p in parts]
+            delta_schema = Schema.from_arrow(arrow_schema(schema, opts.tensor_column))
             table = open_table(path) if since_version is None else \
                 _recheck(path, since_version, written if opts.mode == "append" else [])
             table.create_write_transaction(actions, mode=opts.mode, schema=delta_schema,
@@ -179,6 +182,26 @@ def restore(path, version: int) -> None:
     """Make ``version``'s snapshot the live one again (a new commit, recording its schema)."""
     schema = read_schema(path, version)
     open_table(path).restore(version, commit_properties=_commit_properties(schema))
+
+
+def create_table(folder: Path, parts: list[Part], schema: DatasetSchema, tensor_column: str) -> None:
+    """Commit Parquet ``parts`` already in ``folder`` as version 0 of a new Delta table."""
+    actions = [_add_action(folder, p, schema.labeled) for p in parts]
+    create_table_with_add_actions(str(folder), Schema.from_arrow(arrow_schema(schema, tensor_column)), actions,
+                                  mode="error", commit_properties=_commit_properties(schema))
+
+
+def describe_part(folder: Path, name: str) -> Part:
+    """A Parquet file another writer (Spark) put in ``folder``, described as ``write_parts``
+    describes its own (rows, size, id and label ranges)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(folder / name)
+    t = pf.read(columns=[ID, LABEL])
+    labels = t.column(LABEL)
+    return Part(name, t.num_rows, pf.num_row_groups, (folder / name).stat().st_size, pc.min(t.column(ID)).as_py(),
+                pc.max(t.column(ID)).as_py(), (pc.min(labels).as_py(), pc.max(labels).as_py()))
 
 
 def _add_action(folder: Path, part: Part, labeled: bool) -> AddAction:
@@ -250,10 +273,19 @@ def data_files(path, version: int | None = None, storage_options: dict[str, str]
 
 
 def read_samples(path, version: int | None = None, storage_options: dict[str, str] | None = None) -> Iterator[tuple]:
-    import pyarrow.parquet as pq
+    """Every sample of the snapshot with all its fields (what ``--verify`` compares): the pieces training reads."""
+    return row_group_samples(list_pieces(path, ReadRequest(version=version, storage_options=storage_options or {})))
 
-    schema = read_schema(path, version, storage_options)
-    for f in data_files(path, version, storage_options):
-        pf = pq.ParquetFile(f)
-        for rg in range(pf.num_row_groups):
-            yield from from_record_batch(pf.read_row_group(rg), schema)
+
+def list_pieces(path, req: ReadRequest) -> Pieces:
+    """The row groups of the live snapshot's files (at ``req.version`` if given), from the log."""
+    if req.version is not None:
+        latest = open_table(path, storage_options=req.storage_options or None).version()
+        if not 0 <= req.version <= latest:
+            raise UsageError(f"--delta-version {req.version}: {path} has versions 0..{latest}")
+    table = open_table(path, req.version, req.storage_options or None)
+    schema = read_schema(path, req.version, req.storage_options or None)
+    listing = row_group_pieces(schema, pick_field(schema, req.field_name, path), table.file_uris())
+    listing.version = table.version()
+    check_declared_rows(path, listing, {}, piece_file)
+    return listing

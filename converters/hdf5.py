@@ -20,12 +20,21 @@ from typing import Callable, Iterator, TypeVar
 import h5py
 import numpy as np
 
-from .layout import DATASET_META, ID, LABEL, DatasetSchema, FieldSpec
-from .options import WriteOptions, WriteResult
+from .errors import TrainfeedError
+from .layout import DATASET_META, ID, LABEL, MANIFEST, DatasetSchema, FieldSpec
+from .options import Columns, Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows, pick_field
 from .parquet import WRITER, checked_schema, read_manifest, write_manifest
 from .sources import Sample
 
-FORMAT = "hdf5"
+FORMAT = name = "hdf5"
+label = "HDF5"
+writable = True
+UNIT = "chunk slices"
+COMPRESSIONS = ("none", "lzf", "gzip")
+DEFAULT_COMPRESSION = "none"
+COMPRESSION_LEVELS = {"gzip": (0, 9)}  # HDF5's gzip filter
+#: Fewest samples one piece (a run of whole chunks) holds.
+MIN_PIECE_ROWS = 64
 SUFFIXES = (".h5", ".hdf5")
 SHARD = "shard-{:05d}.h5"
 
@@ -188,7 +197,7 @@ class _File:
 
 
 def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
-          *, storage_options: dict[str, str] | None = None, single_file: bool | None = None) -> WriteResult:
+          *, single_file: bool | None = None) -> WriteResult:
     """Write every batch; as a single file, or as shards that roll over at the target size."""
     path = Path(path)
     single = is_single_file(path) if single_file is None else single_file
@@ -286,20 +295,94 @@ def read_schema(path) -> DatasetSchema:
         raise ValueError(f"{path}: root attribute {DATASET_META!r} is not valid JSON ({exc})") from exc
 
 
-def read_samples(path, batch_rows: int = 256) -> Iterator[tuple[str, int | None, dict]]:
-    """Every sample in write order, read in slices of ``batch_rows`` (plain h5py)."""
+def read_samples(path) -> Iterator[tuple[str, int | None, dict]]:
+    """Every sample with all its fields, in write order (what ``--verify`` compares): the
+    pieces training reads (slices of whole chunks, plain h5py)."""
+    listing = list_pieces(path, ReadRequest())
+    schema = listing.schema
+    handles: dict = {}
+    for f, start, stop in listing.pieces:
+        h5 = handles.get(f) or handles.setdefault(f, h5py.File(f, "r"))
+        ids = [x.decode() if isinstance(x, bytes) else x for x in h5[ID][start:stop]]
+        labels = h5[LABEL][start:stop].tolist() if schema.labeled else [None] * len(ids)
+        cols = {spec.name: h5[spec.name][start:stop] for spec in schema.fields}
+        for i, sid in enumerate(ids):
+            yield sid, labels[i], {spec.name: (cols[spec.name][i] if spec.is_raw else cols[spec.name][i].tobytes())
+                                   for spec in schema.fields}
+    for h5 in handles.values():
+        h5.close()
+
+
+# ------------------------------------------------------------------ read side
+
+def list_pieces(path, req: ReadRequest) -> Pieces:
+    """Chunk-aligned slices of every file (whole chunks, >= MIN_PIECE_ROWS samples each),
+    checked: datasets of equal length, the schema's shapes, the manifest's counts."""
     schema = read_schema(path)
-    for f in data_files(path):
+    spec = pick_field(schema, req.field_name, path)
+    files = data_files(path)
+    pieces, rows = [], []
+    for f in files:
         with h5py.File(f, "r") as h5:
-            n = h5[ID].shape[0]
-            for start in range(0, n, batch_rows):
-                stop = min(n, start + batch_rows)
-                ids = [x.decode() if isinstance(x, bytes) else x for x in h5[ID][start:stop]]
-                labels = h5[LABEL][start:stop].tolist() if schema.labeled else [None] * len(ids)
-                cols = {spec.name: h5[spec.name][start:stop] for spec in schema.fields}
-                for i, sid in enumerate(ids):
-                    fields = {
-                        spec.name: (cols[spec.name][i] if spec.is_raw else cols[spec.name][i].tobytes())
-                        for spec in schema.fields
-                    }
-                    yield sid, labels[i], fields
+            n = _rows_in(h5, f, schema)
+            chunk = h5[spec.name].chunks[0] if h5[spec.name].chunks else MIN_PIECE_ROWS
+        step = max(chunk, (max(MIN_PIECE_ROWS, chunk) // chunk) * chunk)
+        for start in range(0, n, step):
+            pieces.append((f, start, min(n, start + step)))
+            rows.append(min(n, start + step) - start)
+    listing = Pieces(schema, spec, pieces, rows, files)
+    manifest = Path(path) / MANIFEST
+    declared = {str(Path(path) / s["file"]): s.get("rows") for s in read_manifest(path, FORMAT)["parts"]} \
+        if manifest.is_file() else {}
+    check_declared_rows(path, listing, declared, piece_file)
+    return listing
+
+
+def _rows_in(h5, path: str, schema: DatasetSchema) -> int:
+    """Samples in one HDF5 file: every dataset (id, label, each field) must hold the same number."""
+    names = [ID, *([LABEL] if schema.labeled else []), *schema.field_names]
+    missing = [n for n in names if n not in h5]
+    if missing:
+        raise TrainfeedError(f"{path}: no dataset {missing[0]!r} in this file: not a complete trainfeed HDF5 store")
+    lengths = {n: h5[n].shape[0] if h5[n].shape else 0 for n in names}
+    if len(set(lengths.values())) > 1:
+        sizes = ", ".join(f"{n} {count}" for n, count in lengths.items())
+        raise TrainfeedError(f"{path}: datasets hold different numbers of samples ({sizes}): the file is damaged "
+                             "or was modified; convert it again")
+    for spec in schema.fields:
+        ds = h5[spec.name]
+        if spec.is_raw and spec.shape is not None and (ds.shape[1:] != tuple(spec.shape) or ds.dtype != spec.dtype):
+            raise TrainfeedError(f"{path}: dataset {spec.name!r} holds {ds.dtype} samples of shape {ds.shape[1:]}, "
+                                 f"the store's schema says {spec.dtype} {tuple(spec.shape)}: the file is damaged or "
+                                 "was modified; convert it again")
+    return lengths[ID]
+
+
+def piece_file(piece: tuple[str, int, int]) -> str:
+    return piece[0]
+
+
+def read_piece(listing: Pieces, piece: tuple[str, int, int], handles: dict, empty=np.empty) -> Columns:
+    """One contiguous slice of each dataset. ``handles``: open files kept by the caller (one
+    dict per reading thread). ``empty(shape, dtype)``: where a raw tensor slice is read into."""
+    f, start, stop = piece
+    h5 = handles.get(f)
+    if h5 is None:
+        h5 = handles[f] = h5py.File(f, "r")
+    ids = [x.decode() if isinstance(x, bytes) else x for x in h5[ID][start:stop]]
+    y = h5[LABEL][start:stop].astype(np.int64, copy=False) if listing.schema.labeled \
+        else np.full(stop - start, -1, np.int64)
+    ds = h5[listing.spec.name]
+    if not listing.spec.is_raw:
+        return Columns(ids, y, ds[start:stop])
+    stop = min(stop, ds.shape[0])  # a file cut short reads short, as a slice would (readers check the count)
+    x = empty((max(0, stop - start), *ds.shape[1:]), ds.dtype)
+    if len(x):
+        ds.read_direct(x, np.s_[start:stop])
+    return Columns(ids, y, x)
+
+
+def read_labels(listing: Pieces) -> Iterator[np.ndarray]:
+    for f in listing.files:
+        with h5py.File(f, "r") as h5:
+            yield h5[LABEL][:].astype(np.int64) if listing.schema.labeled else np.full(h5[ID].shape[0], -1, np.int64)

@@ -1,37 +1,33 @@
-"""Write options shared by every target format, and size parsing for the CLI."""
+"""What every format module shares: write options and results, the read side's piece list
+and the columns one piece reads into, and size parsing for the CLI."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Iterator, Protocol
+from dataclasses import dataclass, field
+from typing import Any
 
-from .errors import UsageError
-from .layout import DatasetSchema
-from .sources import Sample
+import numpy as np
+
+from .errors import TrainfeedError, UsageError
+from .layout import DatasetSchema, FieldSpec
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
-COMPRESSIONS = {
-    "parquet": ("none", "snappy", "zstd", "lz4", "gzip", "brotli"),
-    "delta": ("none", "snappy", "zstd", "lz4", "gzip", "brotli"),
-    "hdf5": ("none", "lzf", "gzip"),
-}
-DEFAULT_COMPRESSION = {"parquet": "none", "delta": "none", "hdf5": "none"}
-#: (lowest, highest) --compression-level per format and codec; codecs not listed take no level.
-#: Parquet and Delta parts are written by Arrow (gzip 1-9); HDF5's gzip filter takes 0-9.
-_ARROW_LEVELS = {"zstd": (1, 22), "gzip": (1, 9), "brotli": (0, 11)}
-COMPRESSION_LEVELS = {"parquet": _ARROW_LEVELS, "delta": _ARROW_LEVELS, "hdf5": {"gzip": (0, 9)}}
-
 
 def check_compression(fmt: str, codec: str, level: int | None) -> None:
-    """UsageError unless ``codec`` is available for ``fmt`` and takes ``level``."""
-    if codec not in COMPRESSIONS[fmt]:
-        raise UsageError(f"--compression {codec!r} is not available for {fmt} (choose from {', '.join(COMPRESSIONS[fmt])})")
+    """UsageError unless ``codec`` is available for ``fmt`` and takes ``level`` (the codecs
+    and levels are the format module's: see converters.stores.FORMATS)."""
+    from .stores import FORMATS  # the registry imports this module
+
+    module = FORMATS[fmt]
+    if codec not in module.COMPRESSIONS:
+        raise UsageError(f"--compression {codec!r} is not available for {fmt} "
+                         f"(choose from {', '.join(module.COMPRESSIONS)})")
     if level is None:
         return
-    levels = COMPRESSION_LEVELS[fmt].get(codec)
+    levels = module.COMPRESSION_LEVELS.get(codec)
     if levels is None:
-        takes = ", ".join(f"{name} {lo}-{hi}" for name, (lo, hi) in COMPRESSION_LEVELS[fmt].items())
+        takes = ", ".join(f"{name} {lo}-{hi}" for name, (lo, hi) in module.COMPRESSION_LEVELS.items())
         raise UsageError(f"--compression-level: --compression {codec} takes no level (levels for {fmt}: {takes})")
     if not levels[0] <= level <= levels[1]:
         raise UsageError(f"--compression-level {level}: {codec} levels for {fmt} are {levels[0]} to {levels[1]}")
@@ -69,10 +65,72 @@ class WriteResult:
     details: dict
 
 
-class StoreWriter(Protocol):
-    """One module per format implements this, beside its reader (see converters/stores.py)."""
+# ------------------------------------------------------------------ read side
 
-    def __call__(
-        self, path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
-        *, storage_options: dict[str, str] | None = None,
-    ) -> WriteResult: ...
+@dataclass(frozen=True)
+class ReadRequest:
+    """What a reader asks of a format module's ``list_pieces``."""
+
+    field_name: str | None = None  # tensor field to read; default: the first one
+    version: int | None = None  # Delta: the table version
+    labels_csv: str | None = None  # blob: labels as convert takes them
+    storage_options: dict = field(default_factory=dict)
+
+
+@dataclass
+class Pieces:
+    """A store's units of reading (row groups, chunk slices, files) in a stable order, with
+    the rows each holds: enough to plan an epoch without reading any data."""
+
+    schema: DatasetSchema
+    spec: FieldSpec  # the tensor field read
+    pieces: list
+    rows: list[int]
+    files: list[str]  # data files (blob: none)
+    version: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Columns:
+    """One piece read: ids, labels (int64, -1 where unlabeled) and the tensor field, (n, *shape)."""
+
+    ids: list[str]
+    labels: np.ndarray
+    x: np.ndarray
+
+
+def pick_field(schema: DatasetSchema, name: str | None, path) -> FieldSpec:
+    if not schema.fields:
+        raise TrainfeedError(f"{path}: store has no tensor fields")
+    if name is None:
+        return schema.fields[0]
+    try:
+        return schema.field(name)
+    except KeyError:
+        raise TrainfeedError(f"{path}: store has no field {name!r} (fields: {', '.join(schema.field_names)})") from None
+
+
+def check_declared_rows(path, listing: Pieces, declared_per_file: dict[str, int | None],
+                        piece_file) -> None:
+    """The rows the pieces hold must be what the store declares: per file (manifest) and in
+    all (``schema.samples``). A mismatch means a damaged or hand-edited store: never train on it."""
+    held: dict[str, int] = {}
+    for piece, rows in zip(listing.pieces, listing.rows):
+        held[piece_file(piece)] = held.get(piece_file(piece), 0) + rows
+    for f, declared in declared_per_file.items():
+        if declared is not None and declared != held.get(f, 0):
+            raise TrainfeedError(f"{f}: the store's manifest declares {declared} samples in this file, "
+                                 f"it holds {held.get(f, 0)}: the store is damaged or was modified; convert it again")
+    total = sum(listing.rows)
+    if listing.schema.samples is not None and listing.schema.samples != total:
+        raise TrainfeedError(f"{path}: the store declares {listing.schema.samples} samples, its files hold "
+                             f"{total}: the store is damaged or was modified; convert it again")
+
+
+def labels_array(values) -> np.ndarray:
+    """A label column (numpy or Arrow's numpy form) -> int64, -1 where null."""
+    arr = np.asarray(values)
+    if arr.dtype == object:  # nulls in an unlabeled store
+        return np.array([-1 if v is None else int(v) for v in arr], dtype=np.int64)
+    return np.nan_to_num(arr, nan=-1).astype(np.int64)

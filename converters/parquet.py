@@ -12,16 +12,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import __version__
-from .layout import (ID, IMAGE_BYTES, LABEL, MANIFEST, RAW, RESERVED, SUPPORTED_DTYPES, DatasetSchema, arrow_schema,
-                     from_record_batch, to_record_batch)
-from .options import WriteOptions, WriteResult
+from .layout import (ID, IMAGE_BYTES, LABEL, MANIFEST, RAW, RESERVED, SUPPORTED_DTYPES, DatasetSchema, FieldSpec,
+                     arrow_schema, from_record_batch, to_record_batch)
+from .options import (Columns, Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows, labels_array,
+                      pick_field)
 from .sources import Sample
 
-FORMAT = "parquet"
+FORMAT = name = "parquet"
+label = "Parquet"
+writable = True
+#: What check_sharding calls a piece.
+UNIT = "row groups"
+COMPRESSIONS = ("none", "snappy", "zstd", "lz4", "gzip", "brotli")
+DEFAULT_COMPRESSION = "none"
+#: (lowest, highest) --compression-level per codec; codecs not listed take no level (Arrow: gzip 1-9).
+COMPRESSION_LEVELS = {"zstd": (1, 22), "gzip": (1, 9), "brotli": (0, 11)}
 PART = "part-{:05d}.parquet"
 WRITER = f"trainfeed {__version__}"
 MANIFEST_FORMATS = ("parquet", "hdf5")
@@ -117,8 +127,7 @@ def _close_quietly(*handles) -> None:
                 handle.close()
 
 
-def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
-          *, storage_options: dict[str, str] | None = None) -> WriteResult:
+def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions) -> WriteResult:
     """Parts plus the manifest. ``path`` must be a new (staging) folder."""
     path = Path(path)
     path.mkdir(parents=True)
@@ -129,8 +138,9 @@ def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: Wr
     return WriteResult(files, sum(p.size for p in parts), {"row_groups": sum(p.row_groups for p in parts)})
 
 
-def write_manifest(path: Path, fmt: str, schema: DatasetSchema, parts: list[dict]) -> None:
-    manifest = {"format": fmt, "writer": WRITER, "schema": schema.to_dict(), "parts": parts}
+def write_manifest(path: Path, fmt: str, schema: DatasetSchema, parts: list[dict], writer: str = WRITER) -> None:
+    """The manifest of a Parquet or sharded HDF5 store: ``parts`` are {"file": NAME, "rows": N}."""
+    manifest = {"format": fmt, "writer": writer, "schema": schema.to_dict(), "parts": parts}
     (path / MANIFEST).write_text(json.dumps(manifest, indent=1))
 
 
@@ -235,9 +245,69 @@ def read_schema(path) -> DatasetSchema:
 
 
 def read_samples(path) -> Iterator[tuple[str, int | None, dict]]:
-    """Every sample in write order, one row group at a time (plain pyarrow, no Petastorm)."""
-    schema = read_schema(path)
-    for f in data_files(path):
-        pf = pq.ParquetFile(f)
-        for rg in range(pf.num_row_groups):
-            yield from from_record_batch(pf.read_row_group(rg), schema)
+    """Every sample with all its fields, in write order (what ``--verify`` compares): the
+    pieces training reads, one row group at a time (plain pyarrow, no Petastorm)."""
+    return row_group_samples(list_pieces(path, ReadRequest()))
+
+
+def row_group_samples(listing: Pieces) -> Iterator[tuple[str, int | None, dict]]:
+    handles: dict = {}
+    for f, rg in listing.pieces:
+        pf = handles.get(f) or handles.setdefault(f, pq.ParquetFile(f))
+        yield from from_record_batch(pf.read_row_group(rg), listing.schema)
+
+
+# ------------------------------------------------------------------ read side (shared with Delta)
+
+def list_pieces(path, req: ReadRequest) -> Pieces:
+    """Every row group of the manifest's parts, file by file, checked against the manifest's counts."""
+    manifest = read_manifest(path)
+    schema = DatasetSchema.from_dict(manifest["schema"])
+    listing = row_group_pieces(schema, pick_field(schema, req.field_name, path), data_files(path))
+    declared = {str(Path(path) / part["file"]): part.get("rows") for part in manifest["parts"]}
+    check_declared_rows(path, listing, declared, piece_file)
+    return listing
+
+
+def row_group_pieces(schema: DatasetSchema, spec: FieldSpec, files: list[str]) -> Pieces:
+    pieces, rows = [], []
+    for f in files:
+        meta = pq.ParquetFile(f).metadata
+        for rg in range(meta.num_row_groups):
+            pieces.append((f, rg))
+            rows.append(meta.row_group(rg).num_rows)
+    return Pieces(schema, spec, pieces, rows, files)
+
+
+def piece_file(piece: tuple[str, int]) -> str:
+    return piece[0]
+
+
+def read_piece(listing: Pieces, piece: tuple[str, int], handles: dict, empty=np.empty) -> Columns:
+    """One row group; a binary tensor column becomes a zero-copy view of its data buffer (all
+    values have the same length, so the buffer is the stacked tensors). ``handles``: open
+    files kept by the caller (one dict per reading thread). ``empty``: unused (Arrow allocates)."""
+    f, rg = piece
+    pf = handles.get(f) or handles.setdefault(f, pq.ParquetFile(f))
+    return table_columns(pf.read_row_group(rg, columns=[ID, LABEL, listing.spec.name]), listing.spec)
+
+
+def table_columns(table: pa.Table, spec: FieldSpec) -> Columns:
+    chunked = table.column(spec.name)
+    # one row group reads as one chunk: take it as is (combine_chunks would copy it)
+    col = chunked.chunk(0) if chunked.num_chunks == 1 else chunked.combine_chunks()
+    n = len(col)
+    if pa.types.is_binary(col.type):
+        offsets = np.frombuffer(col.buffers()[1], np.int32, n + 1, col.offset * 4)
+        data = np.frombuffer(col.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
+        x = data.view(np.dtype(spec.dtype).newbyteorder("<")).reshape((n, *spec.shape))
+    else:
+        x = col.flatten().to_numpy(zero_copy_only=False).astype(spec.dtype, copy=False).reshape((n, *spec.shape))
+    return Columns(table.column(ID).to_pylist(), labels_array(table.column(LABEL).to_numpy(zero_copy_only=False)), x)
+
+
+def read_labels(listing: Pieces) -> Iterator[np.ndarray]:
+    """The label column of each data file (-1 where unlabeled)."""
+    for f in listing.files:
+        column = pq.ParquetFile(f).read(columns=[LABEL]).column(LABEL).combine_chunks()
+        yield labels_array(column.to_numpy(zero_copy_only=False))

@@ -1,5 +1,18 @@
-"""The formats a store can have, detection of an existing store's format, and what is at a
-destination path: trainfeed replaces only what carries its own marker."""
+"""The format registry, detection of an existing store's format, and what is at a
+destination path: trainfeed replaces only what carries its own marker.
+
+Each format is one module registered in FORMATS. What the rest of trainfeed takes from it:
+
+- ``name``, ``label`` (display name), ``writable``, ``UNIT`` (what a piece is called);
+- writable formats: ``write(path, schema, batches, opts)``, ``read_schema(path)``,
+  ``read_samples(path)`` (what ``--verify`` compares), ``is_store(path)``, ``COMPRESSIONS``,
+  ``DEFAULT_COMPRESSION``, ``COMPRESSION_LEVELS``;
+- every format, the read side of training: ``list_pieces(path, ReadRequest) -> Pieces``,
+  ``read_piece(pieces, piece, handles, empty=np.empty) -> Columns``, ``read_labels(pieces)``, ``piece_file(piece)``.
+
+Adding a format: its module, one line here, and its round-trip test (tests/converters/test_registry.py
+checks the interface and round-trips every writable format).
+"""
 from __future__ import annotations
 
 import os
@@ -9,10 +22,12 @@ from types import ModuleType
 
 import h5py
 
-from . import delta, hdf5, parquet
+from . import blob, delta, hdf5, parquet
 from .layout import MANIFEST
 
-FORMATS: dict[str, ModuleType] = {"parquet": parquet, "delta": delta, "hdf5": hdf5}
+FORMATS: dict[str, ModuleType] = {m.name: m for m in (parquet, delta, hdf5, blob)}
+#: The formats convert writes (``--to``).
+WRITABLE: list[str] = [name for name, m in FORMATS.items() if m.writable]
 _NAMES = {"parquet": "a Parquet store", "delta": "a Delta table", "hdf5": "an HDF5 store"}
 
 
@@ -29,10 +44,6 @@ def detect_format(path) -> str | None:
     if parquet.is_store(path):
         return "parquet"
     return None
-
-
-def module(fmt: str) -> ModuleType:
-    return FORMATS[fmt]
 
 
 @dataclass(frozen=True)

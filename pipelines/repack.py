@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from trainfeed.converters import __version__
+from trainfeed.converters import delta, parquet
 from trainfeed.converters.commit import DestinationLock, Staging
 from trainfeed.converters.convert import check_apart, check_destination, destination_path, source_location, write_rejects_report
 from trainfeed.converters.errors import SampleError, TrainfeedError, UsageError
 from trainfeed.converters.labels import resolve_labels
-from trainfeed.converters.layout import DATASET_META, ID, LABEL, MANIFEST, DatasetSchema, arrow_schema, to_record_batch
+from trainfeed.converters.layout import DATASET_META, ID, DatasetSchema, arrow_schema, to_record_batch
 from trainfeed.converters.options import WriteOptions, parse_size
 from trainfeed.converters.redact import redact
 from trainfeed.converters.samples import SchemaGuard, load_sample
@@ -176,16 +176,14 @@ def _repack(args: argparse.Namespace, dst: Path, spark) -> dict:
             parts = _tidy_parts(staging.path)
             schema.samples = sum(p[1] for p in parts)
             if args.to == "parquet":
-                manifest = {"format": "parquet", "writer": f"trainfeed {__version__} (spark)", "schema": schema.to_dict(),
-                            "parts": [{"file": name, "rows": rows} for name, rows in parts]}
-                (staging.path / MANIFEST).write_text(json.dumps(manifest, indent=1))
+                parquet.write_manifest(staging.path, "parquet", schema, [{"file": n, "rows": r} for n, r in parts],
+                                       writer=f"{parquet.WRITER} (spark)")
             else:
-                _commit_delta(staging.path, parts, schema, arrow)
+                delta.create_table(staging.path, [delta.describe_part(staging.path, n) for n, _ in parts], schema,
+                                   args.tensor_column)
         staging.commit()
     decoded.unpersist()
     if args.to == "delta" and args.optimize and not on_databricks():
-        from trainfeed.converters import delta
-
         delta.optimize(dst, target_size=args.target_file_size,
                        opts=WriteOptions(row_group_size=args.row_group_size, compression=args.compression))
     report = write_rejects_report(dst, rejects)
@@ -208,29 +206,6 @@ def _tidy_parts(folder: Path) -> list[tuple[str, int]]:
             continue
         parts.append((f.name, rows))
     return parts
-
-
-def _commit_delta(folder: Path, parts: list[tuple[str, int]], schema: DatasetSchema, arrow: pa.Schema) -> None:
-    """Commit Spark's Parquet files as version 0 of a Delta table, with delta-rs."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-    from deltalake import CommitProperties, Schema
-    from deltalake.transaction import AddAction, create_table_with_add_actions
-
-    actions = []
-    for name, rows in parts:
-        path = folder / name
-        t = pq.read_table(path, columns=[ID, LABEL])
-        ids = t.column(ID)
-        stats = {"numRecords": rows, "minValues": {ID: pc.min(ids).as_py()}, "maxValues": {ID: pc.max(ids).as_py()},
-                 "nullCount": {ID: 0, LABEL: t.column(LABEL).null_count}}
-        if schema.labeled:
-            stats["minValues"][LABEL] = pc.min(t.column(LABEL)).as_py()
-            stats["maxValues"][LABEL] = pc.max(t.column(LABEL)).as_py()
-        st = path.stat()
-        actions.append(AddAction(name, st.st_size, {}, int(st.st_mtime * 1000), True, json.dumps(stats)))
-    create_table_with_add_actions(str(folder), Schema.from_arrow(arrow), actions, mode="error",
-                                  commit_properties=CommitProperties(custom_metadata={DATASET_META: schema.to_json()}))
 
 
 def _write_delta_spark(spark, df, path: Path, args) -> None:  # pragma: no cover - Databricks only

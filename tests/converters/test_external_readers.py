@@ -32,6 +32,7 @@ def files_of(path) -> list[str]:
     return delta.data_files(path) if path.suffix == ".delta" else parquet.data_files(path)
 
 
+@pytest.mark.petastorm
 @pytest.mark.parametrize("name", ["bin.parquet", "list.parquet", "bin.delta", "list.delta"])
 def test_petastorm_make_batch_reader(stores, name):
     from petastorm import make_batch_reader
@@ -41,7 +42,7 @@ def test_petastorm_make_batch_reader(stores, name):
     vol = spec.field("volume")
     urls = ["file://" + f for f in files_of(paths[name])]
     seen = {}
-    # dummy pool: Petastorm 0.13.1's thread pool sometimes drops row groups (see training/readers.py)
+    # dummy pool: Petastorm 0.13.1's thread pool sometimes drops row groups (see training/petastorm_reader.py)
     with make_batch_reader(urls, num_epochs=1, reader_pool_type="dummy", shuffle_row_groups=False) as reader:
         for batch in reader:
             for sid, label, value in zip(batch.id, batch.label, batch.volume):

@@ -1,0 +1,51 @@
+"""The small-file layout (a folder of .npy, .npz, JPEG or PNG files, local or any fsspec URL)
+read in place, without converting it: the baseline every store is compared with. Read-only:
+``convert`` takes this layout as its source. One piece per file."""
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from .errors import TrainfeedError
+from .labels import resolve_labels
+from .layout import DatasetSchema
+from .options import Columns, Pieces, ReadRequest, pick_field
+from .samples import SchemaGuard, load_sample
+from .sources import ImageOptions, SourceFile, list_source
+
+name = "blob"
+label = "small files"
+writable = False
+UNIT = "files"
+COMPRESSIONS: tuple[str, ...] = ()
+
+
+def list_pieces(path, req: ReadRequest) -> Pieces:
+    """Every sample file, sorted by id; the schema from the first file, labels as convert takes them."""
+    fs, listing = list_source(str(path), req.storage_options)
+    labels = resolve_labels(listing.files, labels_csv=req.labels_csv, storage_options=req.storage_options)
+    if labels.missing:
+        raise TrainfeedError(f"{path}: {len(labels.missing)} files have no label in {req.labels_csv}, "
+                             f"e.g. {labels.missing[0]!r}")
+    guard = SchemaGuard(listing.kind, ImageOptions())
+    guard.check(listing.files[0].path, load_sample(fs, listing.kind, listing.files[0], labels, ImageOptions()))
+    schema = DatasetSchema(fields=guard.specs, labeled=labels.by_id is not None, label_map=labels.label_map,
+                           source=str(path), samples=len(listing.files))
+    return Pieces(schema, pick_field(schema, req.field_name, path), list(listing.files), [1] * len(listing.files),
+                  [], extra={"fs": fs, "kind": listing.kind, "labels": labels})
+
+
+def piece_file(piece: SourceFile) -> str:
+    return piece.path
+
+
+def read_piece(listing: Pieces, piece: SourceFile, handles: dict, empty=np.empty) -> Columns:
+    sample = load_sample(listing.extra["fs"], listing.extra["kind"], piece, listing.extra["labels"], ImageOptions())
+    label = -1 if sample.label is None else sample.label
+    return Columns([sample.id], np.array([label], np.int64), np.asarray(sample.fields[listing.spec.name])[None])
+
+
+def read_labels(listing: Pieces) -> Iterator[np.ndarray]:
+    labels = listing.extra["labels"]
+    yield np.array([-1 if labels.get(f.id) is None else labels.get(f.id) for f in listing.pieces], np.int64)
