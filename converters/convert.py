@@ -18,7 +18,7 @@ from .options import WriteOptions, WriteResult, check_compression
 from .redact import redact_json, redact_url
 from .samples import SchemaGuard, load_sample, ordered_map
 from .sources import ImageOptions, Sample, list_source
-from .stores import FORMATS, identify
+from .stores import FORMATS, WRITABLE, identify
 from .verify import verify_store
 
 ON_ERROR = ("fail", "skip")
@@ -46,8 +46,8 @@ class ConvertConfig:
 
 def check_config(cfg: ConvertConfig) -> None:
     """Usage errors (exit 2): options that cannot work together."""
-    if cfg.fmt not in FORMATS:
-        raise UsageError(f"--to must be one of {', '.join(FORMATS)}, not {cfg.fmt!r}")
+    if cfg.fmt not in WRITABLE:
+        raise UsageError(f"--to must be one of {', '.join(WRITABLE)}, not {cfg.fmt!r}")
     if cfg.on_error not in ON_ERROR:
         raise UsageError(f"--on-error must be 'fail' or 'skip', not {cfg.on_error!r}")
     check_compression(cfg.fmt, cfg.write.compression, cfg.write.compression_level)

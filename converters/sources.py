@@ -446,14 +446,6 @@ def decode_image(path: str, data: bytes, opts: ImageOptions) -> dict[str, np.nda
         raise _undecodable(path, exc) from exc
 
 
-def image_shape(value: np.ndarray | bytes) -> tuple[int, ...]:
-    """(height, width, channels) of an array or of encoded image bytes (header only)."""
-    if isinstance(value, np.ndarray):
-        return value.shape if value.ndim == 3 else (*value.shape, 1)
-    with Image.open(io.BytesIO(value)) as img:
-        return (img.height, img.width, len(img.getbands()))
-
-
 def decode_sample(kind: str, path: str, data: bytes, image_opts: ImageOptions) -> dict[str, np.ndarray | bytes]:
     if kind == NPY:
         return decode_npy(path, data)
