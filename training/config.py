@@ -24,7 +24,7 @@ class TrainConfig:
     steps_per_epoch: int | None = None  # None: a full pass over this rank's shard
     epochs: int = 1
     workers: int = 2
-    pool: str = "sharded"
+    pool: str = "arrow"  # readers.POOLS: arrow is trainfeed's engine, the others Petastorm's
     amp: bool = False
     seed: int = 0
     lr: float = 1e-3
