@@ -5,21 +5,26 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal, get_args
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
 
-FRAMEWORKS = ("torch", "tf")
+from .readers import POOLS
+
+Framework = Literal["torch", "tf"]
+Device = Literal["cpu", "cuda"]
+FRAMEWORKS = get_args(Framework)
+DEVICES = get_args(Device)
 #: numpy's seeding takes 32-bit seeds (and Keras seeds numpy).
 MAX_SEED = 2**32 - 1
-DEVICES = ("cpu", "cuda")
 
 
 @dataclass
 class TrainConfig:
     data: str
     fmt: str | None = None
-    framework: str = "torch"
-    device: str = "cpu"
+    framework: Framework = "torch"
+    device: Device = "cpu"
     batch_size: int = 32
     steps_per_epoch: int | None = None  # None: a full pass over this rank's shard
     epochs: int = 1
@@ -55,6 +60,8 @@ def check(cfg: TrainConfig) -> None:
         raise UsageError(f"--framework must be torch or tf, not {cfg.framework!r}")
     if cfg.device not in DEVICES:
         raise UsageError(f"--device must be cpu or cuda, not {cfg.device!r}")
+    if cfg.pool not in POOLS:
+        raise UsageError(f"--reader-pool must be one of {', '.join(POOLS)}, not {cfg.pool!r}")
     for name in ("batch_size", "epochs", "workers", "width"):
         if getattr(cfg, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from trainfeed.converters.errors import TrainfeedError
 
-from .config import TrainConfig
+from .config import TrainConfig, distributed_env
 from .loop import Position
 from .models_torch import build, parameter_count
 from .readers import Batch
@@ -99,7 +99,7 @@ class Torch:
         torch.manual_seed(cfg.seed)
         np.random.seed(cfg.seed)
         self.cfg, self.p = cfg, p
-        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        local_rank = distributed_env()[2]
         self.device = torch.device(f"cuda:{local_rank}" if cfg.device == "cuda" else "cpu")
         if cfg.device == "cuda":
             torch.cuda.set_device(self.device)
