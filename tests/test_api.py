@@ -23,6 +23,17 @@ def readme_example() -> str:
     return blocks[0]
 
 
+def test_every_public_name_resolves():
+    import subprocess
+    import sys
+
+    assert all(getattr(trainfeed, name) is not None for name in trainfeed.__all__)
+    # the CLIs import trainfeed's subpackages: the package itself imports nothing heavy
+    code = ("import sys, trainfeed.converters; "
+            "print(sorted(m for m in sys.modules if m.startswith(('torch', 'trainfeed.training'))))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "[]"
+
+
 def test_readme_python_example_runs(tmp_path, monkeypatch, capsys):
     truth = write_volumes(tmp_path / "data" / "volumes", 48, shape=SHAPE)
     monkeypatch.chdir(tmp_path)

@@ -16,28 +16,42 @@ the subpackages ``trainfeed.converters``, ``trainfeed.training`` and ``trainfeed
 """
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from trainfeed.converters import __version__
-from trainfeed.converters.errors import TrainfeedError, UsageError
-from trainfeed.training.config import TrainConfig
-from trainfeed.training.readers import Batch
-
-from .conversion import ConvertResult, convert
-from .store import Store, open_store
-from .tf_data import tf_dataset
-from .trainer import TrainResult, train
 
 if TYPE_CHECKING:
+    from trainfeed.converters.errors import TrainfeedError, UsageError
+    from trainfeed.training.config import TrainConfig
+    from trainfeed.training.readers import Batch
+
+    from .conversion import ConvertResult, convert
+    from .store import Store, open_store
+    from .tf_data import tf_dataset
     from .torch_data import TorchDataset
+    from .trainer import TrainResult, train
+
+#: Where each name of the API lives. Imported on first use: ``import trainfeed.converters``
+#: (every CLI) stays light, and only TorchDataset imports torch.
+_API = {
+    "convert": ".conversion", "ConvertResult": ".conversion", "open_store": ".store", "Store": ".store",
+    "Batch": "trainfeed.training.readers", "TorchDataset": ".torch_data", "tf_dataset": ".tf_data",
+    "train": ".trainer", "TrainConfig": "trainfeed.training.config", "TrainResult": ".trainer",
+    "TrainfeedError": "trainfeed.converters.errors", "UsageError": "trainfeed.converters.errors",
+}
 
 __all__ = ["__version__", "convert", "ConvertResult", "open_store", "Store", "Batch", "TorchDataset", "tf_dataset",
            "train", "TrainConfig", "TrainResult", "TrainfeedError", "UsageError"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "TorchDataset":  # imports torch: only when asked for
-        from .torch_data import TorchDataset
+    if name not in _API:
+        raise AttributeError(f"module 'trainfeed' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_API[name], __name__), name)
+    globals()[name] = value
+    return value
 
-        return TorchDataset
-    raise AttributeError(f"module 'trainfeed' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_API))
