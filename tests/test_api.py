@@ -141,3 +141,16 @@ def test_tf_dataset_yields_the_store_batches(store56):
     batches = [(x.numpy().tobytes(), y.numpy()) for x, y in trainfeed.tf_dataset(store, batch_size=5, seed=4)]
     assert samples_of(batches) == truth
     assert [y.tolist() for _, y in batches[3:]] == [b.y.tolist() for b in store.batches(5, seed=4, start_batch=3)]
+
+
+def test_the_typed_options_name_what_the_registries_hold():
+    """The Literal types are for type checkers; the registries are the truth."""
+    from typing import get_args
+
+    from trainfeed import conversion, store
+    from trainfeed.converters.stores import FORMATS, WRITABLE
+    from trainfeed.training.readers import POOLS
+
+    assert set(get_args(store.Format)) == set(FORMATS)
+    assert set(get_args(conversion.WritableFormat)) == set(WRITABLE)
+    assert set(get_args(store.Pool)) == set(POOLS)
