@@ -9,8 +9,6 @@ from typing import Literal, get_args
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
 
-from .readers import POOLS
-
 Framework = Literal["torch", "tf"]
 Device = Literal["cpu", "cuda"]
 FRAMEWORKS = get_args(Framework)
@@ -29,7 +27,7 @@ class TrainConfig:
     steps_per_epoch: int | None = None  # None: a full pass over this rank's shard
     epochs: int = 1
     workers: int = 2
-    pool: str = "arrow"  # readers.POOLS: arrow is trainfeed's engine, the others Petastorm's
+    pool: str = "arrow"  # readers.POOLS (checked by readers.open_store): arrow is trainfeed's engine
     amp: bool = False
     seed: int = 0
     lr: float = 1e-3
@@ -60,8 +58,6 @@ def check(cfg: TrainConfig) -> None:
         raise UsageError(f"--framework must be torch or tf, not {cfg.framework!r}")
     if cfg.device not in DEVICES:
         raise UsageError(f"--device must be cpu or cuda, not {cfg.device!r}")
-    if cfg.pool not in POOLS:
-        raise UsageError(f"--reader-pool must be one of {', '.join(POOLS)}, not {cfg.pool!r}")
     for name in ("batch_size", "epochs", "workers", "width"):
         if getattr(cfg, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
