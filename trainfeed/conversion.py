@@ -8,8 +8,9 @@ from typing import Any, Literal, Mapping
 from trainfeed.converters.convert import ConvertConfig
 from trainfeed.converters.convert import convert as _convert
 from trainfeed.converters.errors import UsageError
-from trainfeed.converters.options import DEFAULT_COMPRESSION, WriteOptions, parse_size
+from trainfeed.converters.options import WriteOptions, parse_size
 from trainfeed.converters.sources import ImageOptions
+from trainfeed.converters.stores import FORMATS
 
 WritableFormat = Literal["parquet", "delta", "hdf5"]
 Mode = Literal["create", "overwrite", "append"]
@@ -69,10 +70,11 @@ def convert(src: str, dst: str, *, format: WritableFormat, labels: str | None = 
         raise UsageError(f"image_mode must be RGB or L, not {image_mode!r}")
     from trainfeed.converters.cli import default_workers
 
+    default_codec = getattr(FORMATS.get(format), "DEFAULT_COMPRESSION", "none")  # unknown format: check_config says so
     write = WriteOptions(
         target_file_size=parse_size(target_file_size, "target_file_size"),
         row_group_size=parse_size(row_group_size, "row_group_size"),
-        compression=compression or DEFAULT_COMPRESSION.get(format, "none"), compression_level=compression_level,
+        compression=compression or default_codec, compression_level=compression_level,
         hdf5_chunk_size=parse_size(hdf5_chunk_size, "hdf5_chunk_size"), mode=mode, tensor_column=tensor_column)
     cfg = ConvertConfig(src=src, dst=dst, fmt=format, write=write,
                         image=ImageOptions(resize=resize, storage=image_storage, mode=image_mode),
