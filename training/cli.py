@@ -10,8 +10,10 @@ import typer
 
 from trainfeed.converters.cli import exit_codes, parse_storage_options
 from trainfeed.converters.redact import redact, redact_json
+from trainfeed.converters.stores import FORMATS
 
 from .config import TrainConfig, check
+from .readers import POOLS
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 
@@ -26,27 +28,15 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
-class Fmt(str, Enum):
-    parquet = "parquet"
-    delta = "delta"
-    hdf5 = "hdf5"
-    blob = "blob"
-
-
-class Pool(str, Enum):
-    sharded = "sharded"
-    arrow = "arrow"
-    thread = "thread"
-    process = "process"
-    dummy = "dummy"
+Fmt = Enum("Fmt", {name: name for name in FORMATS}, type=str)
+Pool = Enum("Pool", {name: name for name in POOLS}, type=str)
 
 
 def run(cfg: TrainConfig) -> dict:
+    """``train``: check the options, then run the loop; the summary (summary.json)."""
+    from .loop import train
+
     check(cfg)
-    if cfg.framework == "torch":
-        from .loop_torch import train
-    else:
-        from .loop_tf import train
     return train(cfg)
 
 
@@ -82,12 +72,10 @@ def main_command(
     batch_size: int = typer.Option(32, "--batch-size"),
     steps_per_epoch: Optional[int] = typer.Option(None, "--steps-per-epoch", help="Default: one pass over the data."),
     epochs: int = typer.Option(1, "--epochs"),
-    workers: int = typer.Option(2, "--workers", help="Reader workers (Petastorm pool, HDF5 processes, blob threads)."),
-    pool: Pool = typer.Option(Pool.sharded, "--reader-pool", help="parquet/delta: sharded = --workers single-threaded "
-                              "Petastorm readers on disjoint row groups, one thread each (fast, exact); process, "
-                              "thread, dummy = Petastorm's own pools (thread can drop row groups in petastorm "
-                              "0.13.1: the run then stops with an error). arrow = no Petastorm: row groups read "
-                              "by pyarrow in --workers threads, tensors viewed in place (fastest)."),
+    workers: int = typer.Option(2, "--workers", help="Reader threads (or, with a Petastorm --reader-pool, "
+                                "Petastorm's workers)."),
+    pool: Pool = typer.Option(Pool.arrow, "--reader-pool", help="arrow: trainfeed's own engine (default); "
+                              "sharded/process/thread/dummy: Petastorm's, needs trainfeed[petastorm]."),
     amp: bool = typer.Option(False, "--amp", help="Mixed precision: bf16 where supported, else fp16 with loss scaling."),
     seed: int = typer.Option(0, "--seed", help="Seeds the model, the shuffle order and sharding (0 to 2^32-1)."),
     lr: float = typer.Option(1e-3, "--lr", help="Adam learning rate (a positive number)."),

@@ -5,26 +5,29 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal, get_args
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
 
-FRAMEWORKS = ("torch", "tf")
+Framework = Literal["torch", "tf"]
+Device = Literal["cpu", "cuda"]
+FRAMEWORKS = get_args(Framework)
+DEVICES = get_args(Device)
 #: numpy's seeding takes 32-bit seeds (and Keras seeds numpy).
 MAX_SEED = 2**32 - 1
-DEVICES = ("cpu", "cuda")
 
 
 @dataclass
 class TrainConfig:
     data: str
     fmt: str | None = None
-    framework: str = "torch"
-    device: str = "cpu"
+    framework: Framework = "torch"
+    device: Device = "cpu"
     batch_size: int = 32
     steps_per_epoch: int | None = None  # None: a full pass over this rank's shard
     epochs: int = 1
     workers: int = 2
-    pool: str = "sharded"
+    pool: str = "arrow"  # readers.POOLS (checked by readers.open_store): arrow is trainfeed's engine
     amp: bool = False
     seed: int = 0
     lr: float = 1e-3

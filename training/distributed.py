@@ -15,7 +15,7 @@ from .config import TrainConfig
 def _worker(cfg_dict: dict) -> dict:
     """Runs in each process TorchDistributor starts (RANK / WORLD_SIZE set by torchrun)."""
     from trainfeed.training.config import TrainConfig as Config
-    from trainfeed.training.loop_torch import train
+    from trainfeed.training.loop import train
 
     return train(Config(**cfg_dict))
 

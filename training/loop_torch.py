@@ -1,11 +1,11 @@
-"""The PyTorch training loop: every step split into data wait and compute, checkpoints,
-SIGTERM-safe preemption, resume, and DistributedDataParallel when launched with a world
-size above one (torchrun or pyspark's TorchDistributor)."""
+"""PyTorch for the training loop (loop.py): the model and its optimizer, one step (AMP,
+pinned memory and non-blocking copies on CUDA), prediction, safe checkpoints, and
+DistributedDataParallel when launched with a world size above one (torchrun or pyspark's
+TorchDistributor)."""
 from __future__ import annotations
 
 import os
 import pickle
-import time
 import zipfile
 from contextlib import nullcontext
 from pathlib import Path
@@ -15,14 +15,12 @@ import torch
 import torch.nn.functional as F
 
 from trainfeed.converters.errors import TrainfeedError
-from trainfeed.converters.progress import progress_bar
 
 from .config import TrainConfig, distributed_env
-from .metrics import StepTimer, UtilizationSampler
+from .loop import Position
 from .models_torch import build, parameter_count
-from .readers import iter_batches
-from .run import (CHECKPOINT_FORMAT, Plan, Prefetcher, Preemption, RunFiles, after_step, as_model_input,
-                  check_labels, checkpoint_signature, eval_options, notice, plan, record, summarize)
+from .readers import Batch
+from .run import CHECKPOINT_FORMAT, Plan, as_model_input
 
 CHECKPOINT = "checkpoint.pt"
 #: What a checkpoint holds besides its format marker; all of it loads with ``weights_only``.
@@ -90,133 +88,76 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def train(cfg: TrainConfig) -> dict:
-    torch.manual_seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    p = plan(cfg)
-    rank, world, local_rank = distributed_env()
-    device = torch.device(f"cuda:{local_rank}" if cfg.device == "cuda" else "cpu")
-    if cfg.device == "cuda":
-        torch.cuda.set_device(device)
-        torch.backends.cudnn.benchmark = True
-    outputs = 1 if p.num_classes == 2 else p.num_classes
-    model = build(p.input_shape, outputs, cfg.width).to(device)
-    params = parameter_count(model)
-    if world > 1:
-        import torch.distributed as dist
+def _as_float(x: torch.Tensor) -> torch.Tensor:
+    return x.float().div_(255) if x.dtype == torch.uint8 else x.float()
 
-        if not dist.is_initialized():
-            dist.init_process_group("nccl" if cfg.device == "cuda" else "gloo")
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if cfg.device == "cuda" else None)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    scaler = torch.amp.GradScaler("cuda", enabled=cfg.amp and cfg.device == "cuda" and not torch.cuda.is_bf16_supported())
 
-    ckpt_path = Path(cfg.checkpoint_dir) / (CHECKPOINT if rank == 0 else f"checkpoint-rank{rank}.pt") if cfg.checkpoint_dir else None
-    signature = checkpoint_signature(cfg, p) if ckpt_path else None
-    start_epoch, skip_steps, global_step = 0, 0, 0
-    if cfg.resume and ckpt_path.exists():
-        state = _load(ckpt_path, device)
+class Torch:
+    """The loop's ``Framework`` for PyTorch (see loop.Framework)."""
+
+    def __init__(self, cfg: TrainConfig, p: Plan):
+        torch.manual_seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        self.cfg, self.p = cfg, p
+        local_rank = distributed_env()[2]
+        self.device = torch.device(f"cuda:{local_rank}" if cfg.device == "cuda" else "cpu")
+        if cfg.device == "cuda":
+            torch.cuda.set_device(self.device)
+            torch.backends.cudnn.benchmark = True
+        self.net = build(p.input_shape, 1 if p.num_classes == 2 else p.num_classes, cfg.width).to(self.device)
+        self.model = self.net
+        if p.world > 1:
+            import torch.distributed as dist
+
+            if not dist.is_initialized():
+                dist.init_process_group("nccl" if cfg.device == "cuda" else "gloo")
+            self.model = torch.nn.parallel.DistributedDataParallel(
+                self.net, device_ids=[local_rank] if cfg.device == "cuda" else None)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
+        self.scaler = torch.amp.GradScaler(
+            "cuda", enabled=cfg.amp and cfg.device == "cuda" and not torch.cuda.is_bf16_supported())
+        name = CHECKPOINT if p.rank == 0 else f"checkpoint-rank{p.rank}.pt"
+        self.checkpoint = Path(cfg.checkpoint_dir) / name if cfg.checkpoint_dir else None
+        self.model.train()
+
+    def parameters(self) -> dict[str, int]:
+        return parameter_count(self.net)
+
+    def to_inputs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = _as_float(torch.from_numpy(as_model_input(batch, self.p.input_shape))), torch.from_numpy(batch.y)
+        return (x.pin_memory(), y.pin_memory()) if self.cfg.device == "cuda" else (x, y)
+
+    def step(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> tuple[float, int]:
+        x, y = (t.to(self.device, non_blocking=True) for t in inputs)
+        self.optimizer.zero_grad(set_to_none=True)
+        with _amp_context(self.cfg, self.device):
+            logits = self.model(x)
+        loss = _loss(logits, y, self.p.num_classes)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        _sync(self.device)
+        with torch.no_grad():
+            return float(loss.detach()), int((_predict(logits.detach()) == y).sum())
+
+    @torch.no_grad()
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        self.net.eval()
+        return _predict(self.net(_as_float(torch.from_numpy(x).to(self.device)))).cpu().numpy()
+
+    def restore(self, signature: str) -> Position | None:
+        if not self.checkpoint.exists():
+            return None
+        state = _load(self.checkpoint, self.device)
         if state["signature"] != signature:
-            raise TrainfeedError(f"{ckpt_path}: checkpoint was written for other data or another model; "
+            raise TrainfeedError(f"{self.checkpoint}: checkpoint was written for other data or another model; "
                                  "use a fresh --checkpoint-dir")
-        _restore(ckpt_path, state, model.module if world > 1 else model, optimizer, scaler)
-        start_epoch, skip_steps, global_step = state["epoch"], state["step_in_epoch"], state["global_step"]
-        if skip_steps >= p.steps_per_epoch:
-            start_epoch, skip_steps = start_epoch + 1, 0
-    elif cfg.resume:
-        notice(f"--resume: no checkpoint in {cfg.checkpoint_dir} yet ({ckpt_path.name}): starting from the first step")
-    if ckpt_path:
-        ckpt_path.parent.mkdir(parents=True, exist_ok=True)
+        _restore(self.checkpoint, state, self.net, self.optimizer, self.scaler)
+        return Position(state["epoch"], state["step_in_epoch"], state["global_step"])
 
-    def checkpoint(epoch: int, step_in_epoch: int) -> None:
-        if ckpt_path is None:
-            return
-        _save(ckpt_path, {"model": (model.module if world > 1 else model).state_dict(),
-                          "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(), "epoch": epoch,
-                          "step_in_epoch": step_in_epoch, "global_step": global_step, "signature": signature})
-
-    pin = cfg.device == "cuda"
-
-    def to_tensors(batch):
-        x, y = torch.from_numpy(as_model_input(batch, p.input_shape)), torch.from_numpy(batch.y)
-        if x.dtype == torch.uint8:
-            x = x.float().div_(255)
-        elif x.dtype != torch.float32:
-            x = x.float()
-        return (x.pin_memory(), y.pin_memory()) if pin else (x, y)
-
-    files = RunFiles(cfg.out, rank)
-    timer = StepTimer(warmup_steps=cfg.warmup_steps, sink=files.steps)
-    preempted = False
-    correct = seen = delivered = 0
-    total_steps = cfg.epochs * p.steps_per_epoch
-    t_start = time.perf_counter()
-    with UtilizationSampler(sink=files.util) as util, Preemption() as preemption, \
-            progress_bar(enabled=cfg.progress and rank == 0, label="train", unit="steps") as bar:
-        bar.start(total_steps)
-        model.train()
-        for epoch in range(start_epoch, cfg.epochs):
-            batches = iter_batches(p.store, p.reader, epoch)
-            for _ in range(skip_steps):  # resume mid-epoch: same seeded order, skip what was done
-                next(batches, None)
-            prefetch = Prefetcher(batches, to_tensors)
-            try:
-                for step_in_epoch in range(skip_steps, p.steps_per_epoch):
-                    item, wait = prefetch.get()
-                    if item is None:
-                        break
-                    batch, (x, y) = item
-                    check_labels(batch, p.num_classes, cfg.data)
-                    t0 = time.perf_counter()
-                    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                    optimizer.zero_grad(set_to_none=True)
-                    with _amp_context(cfg, device):
-                        logits = model(x)
-                    loss = _loss(logits, y, p.num_classes)
-                    scaler.scale(loss).backward()
-                    scaler.step(optimizer)
-                    scaler.update()
-                    _sync(device)
-                    compute = time.perf_counter() - t0
-                    global_step += 1
-                    with torch.no_grad():
-                        correct += int((_predict(logits.detach()) == y).sum())
-                        seen += len(batch.ids)
-                    delivered += record(timer, global_step, epoch, wait, compute, len(batch.ids), batch.nbytes,
-                                        float(loss.detach())).bytes
-                    bar.update(global_step, delivered)
-                    if after_step(cfg, global_step, preemption, lambda: checkpoint(epoch, step_in_epoch + 1)):
-                        preempted = True
-                        break
-            finally:
-                prefetch.close()
-            skip_steps = 0
-            if preempted:
-                break
-        if not preempted:
-            checkpoint(cfg.epochs, 0)
-    extra = {"parameters": params, "train_accuracy": round(correct / seen, 4) if seen else None,
-             "preempted": preempted, "resumed_from_step": None, "global_step": global_step,
-             "run_seconds": round(time.perf_counter() - t_start, 3)}
-    if cfg.resume:
-        extra["resumed_from_step"] = global_step - len(timer.records)
-    if p.eval_store is not None and not preempted and rank == 0:
-        extra["eval"] = evaluate(cfg, p, model.module if world > 1 else model, device)
-    summary = summarize(cfg, p, timer, util, extra)
-    files.write_summary(summary)
-    files.close()
-    return summary
-
-
-@torch.no_grad()
-def evaluate(cfg: TrainConfig, p: Plan, model, device: torch.device) -> dict:
-    """Accuracy on the held-out store (every sample once, no shuffling)."""
-    model.eval()
-    correct = total = 0
-    for batch in iter_batches(p.eval_store, eval_options(cfg, p.store.spec.name)):
-        x = torch.from_numpy(as_model_input(batch, p.input_shape)).to(device)
-        x = x.float().div_(255) if x.dtype == torch.uint8 else x.float()
-        pred = _predict(model(x)).cpu().numpy()
-        correct += int((pred == batch.y).sum())
-        total += len(batch.ids)
-    return {"store": cfg.eval_data, "samples": total, "accuracy": round(correct / total, 4) if total else None}
+    def save(self, position: Position, signature: str) -> None:
+        self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        _save(self.checkpoint, {"model": self.net.state_dict(), "optimizer": self.optimizer.state_dict(),
+                                "scaler": self.scaler.state_dict(), "epoch": position.epoch,
+                                "step_in_epoch": position.step_in_epoch, "global_step": position.global_step,
+                                "signature": signature})

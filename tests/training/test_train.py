@@ -22,9 +22,11 @@ def train_cli(*args):
 QUICK = ["--width", "8", "--batch-size", "32", "--lr", "0.003", "--workers", "2"]
 
 
+FRAMEWORKS = ["torch", pytest.param("tf", marks=pytest.mark.tf)]
+
+
 @pytest.mark.slow
-@pytest.mark.tf
-@pytest.mark.parametrize("framework", ["torch", "tf"])
+@pytest.mark.parametrize("framework", FRAMEWORKS)
 @pytest.mark.parametrize("fmt", ["parquet", "delta", "hdf5", "blob"])
 def test_learns_from_every_format(tmp_path, learnable, fmt, framework):
     store = learnable["stores"][fmt]
@@ -48,6 +50,7 @@ def test_learns_from_every_format(tmp_path, learnable, fmt, framework):
     assert (tmp_path / "out" / "summary.json").exists()
 
 
+@pytest.mark.slow
 def test_full_size_models_match_the_reference_parameter_count():
     """The reference 3D ResNet has 33.4M parameters for 10 channels and 1 output."""
     import torch
@@ -64,6 +67,7 @@ def test_full_size_models_match_the_reference_parameter_count():
     assert model.head.weight.grad is not None and build((64, 64, 3), 5)(torch.randn(2, 64, 64, 3)).shape == (2, 5)
 
 
+@pytest.mark.slow
 @pytest.mark.tf
 def test_keras_model_has_the_same_size():
     from trainfeed.training.models_tf import build, parameter_count
@@ -73,7 +77,7 @@ def test_keras_model_has_the_same_size():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("framework", ["torch", "tf"])
+@pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_sigterm_checkpoints_and_resume_finishes(tmp_path, learnable, framework):
     store = learnable["stores"]["hdf5"]
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
@@ -171,3 +175,62 @@ def test_2d_resnet_trains_from_an_image_store(tmp_path):
                    "--no-progress").exit_code == 0
     res = train_cli("--data", tmp_path / "enc.h5", "--out", tmp_path / "o2", *QUICK)
     assert res.exit_code == 1 and "--image-storage decoded" in res.stderr
+
+
+def _final_weights(framework: str, ckpt) -> dict:
+    if framework == "torch":
+        import torch
+
+        return {k: v.numpy() for k, v in torch.load(ckpt / "checkpoint.pt", weights_only=True)["model"].items()}
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(str(ckpt))
+    return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k.startswith("model/")}
+
+
+@pytest.mark.parametrize("framework", ["torch", pytest.param("tf", marks=[pytest.mark.tf, pytest.mark.slow])])
+def test_resume_mid_epoch_continues_at_the_exact_next_batch(tmp_path, monkeypatch, framework):
+    """SIGTERM at step 6 of 8 (the second epoch's third step), then --resume: the final weights are
+    those of a run never stopped, so the resumed run saw the same batches in the same order."""
+    import os
+
+    import numpy as np
+
+    from trainfeed.converters.cli import app
+    from trainfeed.training import loop
+    from tests.conftest import write_volumes
+
+    write_volumes(tmp_path / "v", 16, shape=(4, 4, 2, 1))
+    assert run_cli(app, tmp_path / "v", tmp_path / "s.parquet", "--to", "parquet", "--labels", tmp_path / "v" /
+                   "labels.csv", "--row-group-size", "256", "--no-progress").exit_code == 0  # 8 row groups
+    base = ["--data", tmp_path / "s.parquet", "--framework", framework, "--epochs", "2", "--json", "--width", "4",
+            "--batch-size", "4", "--workers", "1", "--lr", "0.01"]
+    assert train_cli(*base, "--checkpoint-dir", tmp_path / "whole", "--out", tmp_path / "o1").exit_code == 0
+    real_record = loop.record
+
+    def record_then_preempt(timer, step, *args, **kwargs):
+        rec = real_record(timer, step, *args, **kwargs)
+        if step == 6:
+            os.kill(os.getpid(), signal.SIGTERM)  # what a spot node being reclaimed sends
+        return rec
+
+    monkeypatch.setattr(loop, "record", record_then_preempt)
+    stopped = train_cli(*base, "--checkpoint-dir", tmp_path / "cut", "--out", tmp_path / "o2")
+    assert stopped.exit_code == 0 and json.loads(stopped.stdout)["global_step"] == 6
+    monkeypatch.setattr(loop, "record", real_record)
+    resumed = train_cli(*base, "--checkpoint-dir", tmp_path / "cut", "--out", tmp_path / "o3", "--resume")
+    s = json.loads(resumed.stdout)
+    assert s["resumed_from_step"] == 6 and s["steps"] == 2 and s["global_step"] == 8
+    whole, cut = _final_weights(framework, tmp_path / "whole"), _final_weights(framework, tmp_path / "cut")
+    assert whole.keys() == cut.keys() and whole
+    for name in whole:
+        np.testing.assert_allclose(cut[name], whole[name], rtol=0, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.petastorm
+def test_trains_through_a_petastorm_pool(tmp_path, learnable):
+    res = train_cli("--data", learnable["stores"]["delta"], "--reader-pool", "sharded", "--steps-per-epoch", "2",
+                    "--out", tmp_path / "o", "--json", *QUICK)
+    assert res.exit_code == 0, res.stderr
+    s = json.loads(res.stdout)
+    assert s["config"]["pool"] == "sharded" and s["steps"] == 2 and s["samples"] == 32

@@ -1,0 +1,83 @@
+"""``trainfeed.convert``: a small-file dataset in, one compacted store out (the ``convert`` CLI's engine)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
+
+from trainfeed.converters.convert import ConvertConfig
+from trainfeed.converters.convert import convert as _convert
+from trainfeed.converters.errors import UsageError
+from trainfeed.converters.options import WriteOptions, parse_size
+from trainfeed.converters.sources import ImageOptions
+from trainfeed.converters.stores import FORMATS
+
+WritableFormat = Literal["parquet", "delta", "hdf5"]
+Mode = Literal["create", "overwrite", "append"]
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    """What a conversion wrote (the ``convert --json`` summary, typed); format-specific extras in ``details``."""
+
+    format: str
+    output: str
+    source: str
+    mode: str
+    samples: int
+    rejected: int
+    rejects_report: str | None
+    files_in: int
+    files_out: int
+    bytes_in: int
+    bytes_out: int
+    payload_bytes: int
+    seconds: float
+    mb_per_s: float | None
+    workers: int
+    compression: str
+    labels: str
+    label_map: dict[str, int] | None
+    labels_unmatched: int
+    ignored_files: int
+    fields: list[dict[str, Any]]
+    store_id: str
+    verified: dict[str, Any] | None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_summary(cls, summary: Mapping[str, Any]) -> ConvertResult:
+        named = {f.name for f in dataclasses.fields(cls)} - {"details"}
+        return cls(**{k: v for k, v in summary.items() if k in named},
+                   details={k: v for k, v in summary.items() if k not in named})
+
+
+def convert(src: str, dst: str, *, format: WritableFormat, labels: str | None = None,
+            storage_options: Mapping[str, str] | None = None, mode: Mode = "create",
+            compression: str | None = None, compression_level: int | None = None,
+            target_file_size: int | str = "128MB", row_group_size: int | str = "32MB",
+            hdf5_chunk_size: int | str = "1MB", tensor_column: Literal["binary", "list"] = "binary",
+            resize: tuple[int, int] | None = None, image_storage: Literal["encoded", "decoded"] = "encoded",
+            image_mode: Literal["RGB", "L"] = "RGB", folder_labels: bool = True, workers: int | None = None,
+            on_error: Literal["fail", "skip"] = "fail", verify: bool = False) -> ConvertResult:
+    """Convert the small files at ``src`` (a folder or fsspec URL) into a ``format`` store at ``dst``.
+
+    The options are the ``convert`` CLI's (``convert --help``); sizes take bytes or text such
+    as ``"64MiB"``. Nothing appears at ``dst`` unless the whole store was written (and, with
+    ``verify``, compared bit for bit with its source). Raises ``TrainfeedError`` (``UsageError``
+    for options that cannot work)."""
+    if image_mode not in ("RGB", "L"):
+        raise UsageError(f"image_mode must be RGB or L, not {image_mode!r}")
+    from trainfeed.converters.cli import default_workers
+
+    default_codec = getattr(FORMATS.get(format), "DEFAULT_COMPRESSION", "none")  # unknown format: check_config says so
+    write = WriteOptions(
+        target_file_size=parse_size(target_file_size, "target_file_size"),
+        row_group_size=parse_size(row_group_size, "row_group_size"),
+        compression=compression or default_codec, compression_level=compression_level,
+        hdf5_chunk_size=parse_size(hdf5_chunk_size, "hdf5_chunk_size"), mode=mode, tensor_column=tensor_column)
+    cfg = ConvertConfig(src=src, dst=dst, fmt=format, write=write,
+                        image=ImageOptions(resize=resize, storage=image_storage, mode=image_mode),
+                        labels_csv=labels, folder_labels=folder_labels, workers=workers or default_workers(src),
+                        on_error=on_error, verify=verify, storage_options=dict(storage_options or {}))
+    return ConvertResult.from_summary(_convert(cfg))

@@ -1,0 +1,87 @@
+"""``trainfeed.open_store``: any layout (Parquet, Delta, HDF5, or the original small files) as
+one ``Store`` whose ``batches()`` are one epoch of numpy batches."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Iterator, Literal, Mapping
+
+from trainfeed.training import readers
+from trainfeed.training.readers import Batch, ReaderOptions
+
+Format = Literal["parquet", "delta", "hdf5", "blob"]
+Pool = Literal["arrow", "sharded", "process", "thread", "dummy"]
+
+
+class Store:
+    """An opened store. ``store.reader`` is the read engine's view of it (pieces, schema)."""
+
+    def __init__(self, reader: readers.Store, options: ReaderOptions):
+        self.reader = reader
+        self._options = options  # what it was opened with: version, field, labels, storage options
+
+    @property
+    def uri(self) -> str:
+        return self.reader.path
+
+    @property
+    def format(self) -> str:
+        return self.reader.fmt
+
+    @property
+    def version(self) -> int | None:
+        """The Delta table version read (None for other formats)."""
+        return self.reader.version
+
+    @property
+    def samples(self) -> int:
+        return self.reader.samples
+
+    @property
+    def field(self) -> str:
+        """The tensor field ``batches()`` delivers as ``x``."""
+        return self.reader.spec.name
+
+    @property
+    def shape(self) -> tuple[int, ...] | None:
+        """One sample's shape (None when samples differ)."""
+        return None if self.reader.spec.shape is None else tuple(self.reader.spec.shape)
+
+    @property
+    def dtype(self) -> str:
+        return self.reader.spec.dtype
+
+    @property
+    def label_map(self) -> dict[str, int] | None:
+        """Class name -> label, when the labels were class names."""
+        return self.reader.schema.label_map
+
+    def options(self, *, batch_size: int = 32, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
+                workers: int = 2, pool: Pool = "arrow", shuffle_buffer: int = 256, shard: int = 0,
+                num_shards: int = 1) -> ReaderOptions:
+        """The engine's options for reading this store so."""
+        return replace(self._options, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
+                       workers=workers, pool=pool, shuffle_buffer=shuffle_buffer, shard=shard,
+                       num_shards=num_shards)
+
+    def batches(self, batch_size: int = 32, *, shuffle: bool = True, seed: int = 0, epoch: int = 0,
+                start_batch: int = 0, drop_last: bool = False, workers: int = 2, pool: Pool = "arrow",
+                shuffle_buffer: int = 256, shard: int = 0, num_shards: int = 1) -> Iterator[Batch]:
+        """One epoch of ``Batch(x, y, ids)``: every sample of shard ``shard`` of ``num_shards``
+        exactly once, in an order fixed by ``seed`` and ``epoch``; from batch ``start_batch`` on
+        (earlier batches are not read). ``drop_last`` drops a last, smaller batch."""
+        opts = self.options(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, workers=workers,
+                            pool=pool, shuffle_buffer=shuffle_buffer, shard=shard, num_shards=num_shards)
+        return readers.iter_batches(self.reader, opts, epoch, start_batch=start_batch)
+
+    def __repr__(self) -> str:
+        return f"Store({self.uri!r}, format={self.format!r}, samples={self.samples}, field={self.field!r})"
+
+
+def open_store(uri: str, *, version: int | None = None, storage_options: Mapping[str, str] | None = None,
+               format: Format | None = None, field: str | None = None, labels: str | None = None) -> Store:
+    """Open the store at ``uri``: its format detected unless given, a Delta table at ``version``
+    (default: the latest), the tensor ``field`` (default: the first); ``labels`` is a CSV
+    (id,label) for a folder of small files. Raises ``TrainfeedError`` naming the problem."""
+    opts = ReaderOptions(delta_version=version, field_name=field, labels_csv=labels,
+                         storage_options=dict(storage_options or {}))
+    return Store(readers.open_store(uri, format, opts), opts)

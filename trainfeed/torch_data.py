@@ -1,0 +1,97 @@
+"""``trainfeed.TorchDataset``: a store as a PyTorch ``IterableDataset`` of (x, y) batches,
+sharded by rank and DataLoader worker, that resumes mid-epoch without re-reading."""
+from __future__ import annotations
+
+import itertools
+import os
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from trainfeed.converters.errors import TrainfeedError
+
+from .store import Pool, Store, open_store
+
+
+def _rank_world() -> tuple[int, int]:
+    """torch.distributed's rank and world size when it is initialized, else torchrun's variables."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def delivery_order(counts: list[int]) -> Iterator[int]:
+    """The worker each batch comes from, in the order a DataLoader yields them: one batch of each
+    worker that still has one, worker by worker, round after round (``counts``: batches per worker)."""
+    for round_ in range(max(counts, default=0)):
+        yield from (w for w, n in enumerate(counts) if round_ < n)
+
+
+def resume_points(counts: list[int], done: int) -> tuple[list[int], int]:
+    """After ``done`` batches of the delivery order: each worker's next batch, and the worker that
+    delivers the next one (the DataLoader's first worker must be that one to keep the order)."""
+    starts = [0] * len(counts)
+    order = delivery_order(counts)
+    for worker in itertools.islice(order, done):
+        starts[worker] += 1
+    return starts, next(order, 0)
+
+
+class TorchDataset(IterableDataset):
+    """Batches of a store for ``DataLoader(ds, batch_size=None, num_workers=N)``.
+
+    Rank r of W (torch.distributed, else RANK / WORLD_SIZE) with N DataLoader workers reads
+    shard ``r * N + worker`` of ``W * N`` (whole pieces: row groups, HDF5 slices, files): every
+    sample once per epoch across ranks and workers. Each yields ``(x, y)``: x a tensor of the
+    stored dtype, shape (B, *sample shape); y int64 labels (-1 for unlabeled samples).
+
+    Call ``set_epoch(e)`` before each epoch (a new seeded order). ``state_dict(n)``, after n
+    batches of an epoch's iterator, and ``load_state_dict`` resume at the exact next batch
+    without reading earlier pieces; resume with the same batch size, seed, world size and
+    DataLoader ``num_workers`` (not ``persistent_workers``: the epoch is set in this process)."""
+
+    def __init__(self, store: Store | str, *, batch_size: int = 32, shuffle: bool = True, seed: int = 0,
+                 drop_last: bool = False, workers: int = 2, pool: Pool = "arrow", shuffle_buffer: int = 256,
+                 storage_options: dict[str, str] | None = None):
+        self.store = store if isinstance(store, Store) else open_store(store, storage_options=storage_options)
+        self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
+        self.workers, self.pool, self.shuffle_buffer = workers, pool, shuffle_buffer
+        self.epoch = 0
+        self._first_batch = 0  # of self.epoch, where the next iteration starts
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.epoch, self._first_batch = epoch, 0
+
+    def _batches_of(self, shard: int, num_shards: int) -> int:
+        rows = self.store.reader.shard_rows(shard, num_shards)
+        return rows // self.batch_size if self.drop_last else -(-rows // self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        rank, world = _rank_world()
+        counts = [self._batches_of(rank * workers + w, world * workers) for w in range(workers)]
+        starts, first = resume_points(counts, self._first_batch)
+        logical = (worker + first) % workers  # the DataLoader starts with its worker 0
+        batches = self.store.batches(
+            self.batch_size, shuffle=self.shuffle, seed=self.seed, epoch=self.epoch, start_batch=starts[logical],
+            drop_last=self.drop_last, workers=self.workers, pool=self.pool, shuffle_buffer=self.shuffle_buffer,
+            shard=rank * workers + logical, num_shards=world * workers)
+        for batch in batches:
+            yield torch.from_numpy(batch.x), torch.from_numpy(batch.y)
+
+    def state_dict(self, batches: int) -> dict[str, Any]:
+        """Where to resume after ``batches`` batches of this epoch's iterator."""
+        return {"epoch": self.epoch, "batch": self._first_batch + batches, "batch_size": self.batch_size,
+                "seed": self.seed, "shuffle": self.shuffle, "drop_last": self.drop_last,
+                "world_size": _rank_world()[1]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        mine = self.state_dict(0)
+        differ = [k for k in ("batch_size", "seed", "shuffle", "drop_last", "world_size") if state.get(k) != mine[k]]
+        if differ:
+            raise TrainfeedError(f"{self.store.uri}: cannot resume: the state was saved with other "
+                                 + ", ".join(f"{k} ({state.get(k)!r}, now {mine[k]!r})" for k in differ))
+        self.epoch, self._first_batch = int(state["epoch"]), int(state["batch"])
