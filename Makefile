@@ -18,6 +18,7 @@ install: $(VENV)/.installed $(PS_VENV)/.installed
 
 # torch first, at the version the constraints file pins (2.13.0: the CPU wheel on this disk);
 # letting another package pull torch in would fetch a multi-GB CUDA build instead.
+# Each environment is rebuilt whole (an old .venv may still hold Petastorm or pyarrow 14).
 # $(1): interpreter, $(2): venv folder, $(3): constraints file, $(4): extras.
 define make_venv
 	rm -rf $(2)
