@@ -1,7 +1,8 @@
 # One command runs the main job (make demo), one runs the tests (make test).
 # Each sets up what it needs on a fresh machine.
 #
-# Two environments, both Python 3.11 by default (PYTHON=python3.12 builds .venv on 3.12):
+# Two environments, both Python 3.11 (this machine's torch CPU wheel is for 3.11; Python 3.12
+# is checked by tests/test_packaging.py, from the built wheel):
 #   .venv            the core on today's stack (numpy 2, pyarrow 26): constraints/dev.txt
 #   .venv-petastorm  trainfeed[petastorm]: Petastorm 0.13.1 holds pyarrow 14 / numpy 1.26 /
 #                    pandas 2.2 (Python 3.11 only): constraints/petastorm.txt
