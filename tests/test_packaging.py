@@ -61,8 +61,9 @@ def interpreter(version: str) -> str:
     pytest.fail(f"no Python {version} interpreter found (pyenv versions/{version}.*/bin or python{version} on PATH)")
 
 
-# Runs inside the clean venv: every module imports (but __main__s) (those needing an optional extra may only
-# miss that extra), and a store converted by the `convert` console script reads back, bit for bit.
+# Runs inside the clean venv: every module but the __main__s imports (one needing an optional
+# extra may miss only that extra), and stores written by the `convert` console script read back
+# through the arrow reader, bit for bit.
 SMOKE = textwrap.dedent("""
     import importlib, json, pkgutil, subprocess, sys
     from pathlib import Path
