@@ -1,41 +1,68 @@
 # One command runs the main job (make demo), one runs the tests (make test).
 # Each sets up what it needs on a fresh machine.
-PYTHON ?= python3.11
-VENV   := .venv
-PY     := $(VENV)/bin/python
-PIP    := $(PY) -m pip
-STAMP  := $(VENV)/.installed
-DEMO   ?= demo-out
+#
+# Two environments, both Python 3.11 (this machine's torch CPU wheel is for 3.11; Python 3.12
+# is checked by tests/test_packaging.py, from the built wheel):
+#   .venv            the core on today's stack (numpy 2, pyarrow 26): constraints/dev.txt
+#   .venv-petastorm  trainfeed[petastorm]: Petastorm 0.13.1 holds pyarrow 14 / numpy 1.26 /
+#                    pandas 2.2 (Python 3.11 only): constraints/petastorm.txt
+PYTHON   ?= python3.11
+VENV     := .venv
+PY       := $(VENV)/bin/python
+PS_VENV  := .venv-petastorm
+PS_PY    := $(PS_VENV)/bin/python
+DEMO     ?= demo-out
 
 .PHONY: install test test-fast demo bench-convert bench-loader clean
 
-install: $(STAMP)
+install: $(VENV)/.installed $(PS_VENV)/.installed
 
-# torch first: `torch==2.13.0` resolves to the CPU wheel on this disk; letting
-# another package pull torch in would fetch a multi-GB CUDA build instead.
+# torch first, at the version the constraints file pins (2.13.0: the CPU wheel on this disk);
+# letting another package pull torch in would fetch a multi-GB CUDA build instead.
+# Each environment is rebuilt whole (an old .venv may still hold Petastorm or pyarrow 14).
+# $(1): interpreter, $(2): venv folder, $(3): constraints file, $(4): extras.
+define make_venv
+	rm -rf $(2)
+	$(1) -m venv $(2)
+	$(2)/bin/python -m pip install -q --upgrade pip
+	$(2)/bin/python -m pip install -q -c $(3) torch
+	$(2)/bin/python -m pip install -q -c $(3) -e '.[$(4)]'
+endef
+MAIN_EXTRAS := tf,spark,gpu,dev
+PS_EXTRAS   := petastorm,dev
+
 # Azurite (the Azure Blob emulator) comes from npm: package.json / package-lock.json.
-$(STAMP): pyproject.toml package.json
-	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[tf,spark,gpu,dev]'
+$(VENV)/.installed: pyproject.toml constraints/dev.txt package.json
+	$(call make_venv,$(PYTHON),$(VENV),constraints/dev.txt,$(MAIN_EXTRAS))
 	npm install --no-audit --no-fund --loglevel=error
-	touch $(STAMP)
+	touch $@
+
+# Petastorm is the only reason for this environment: no tensorflow, no extras beyond the tests'.
+$(PS_VENV)/.installed: pyproject.toml constraints/petastorm.txt
+	$(call make_venv,python3.11,$(PS_VENV),constraints/petastorm.txt,$(PS_EXTRAS))
+	touch $@
+
+# pytest exits 5 when it selects no test; that is fine only when PYTEST_ARGS narrowed the run
+# to tests of the other environment.
+define pytest_in
+	$(1) -m pytest -m "$(2)" $(PYTEST_ARGS) || { rc=$$?; [ $$rc -eq 5 ] && [ -n "$(PYTEST_ARGS)" ] || exit $$rc; }
+endef
 
 test: install
-	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+	$(call pytest_in,$(PY),not gpu and not petastorm)
+	$(call pytest_in,$(PS_PY),petastorm and not gpu)
 
-test-fast: install
-	$(PY) -m pytest -m "not gpu and not slow and not spark and not tf" $(PYTEST_ARGS)
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -m "not gpu and not slow and not spark and not tf and not petastorm" $(PYTEST_ARGS)
 
-demo: install
+demo: $(VENV)/.installed
 	bash scripts/demo.sh $(DEMO)
 
-bench-convert: install
+bench-convert: $(VENV)/.installed
 	$(PY) -m trainfeed.benchmarks.convert_bench --out bench-out/convert.jsonl
 
-bench-loader: install
+bench-loader: $(VENV)/.installed
 	$(PY) -m trainfeed.benchmarks.loader_bench --out bench-out/loader.jsonl
 
 clean:
-	rm -rf $(VENV) $(DEMO) bench-out .pytest_cache
+	rm -rf $(VENV) $(PS_VENV) $(DEMO) bench-out .pytest_cache build dist

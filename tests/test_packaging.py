@@ -1,0 +1,200 @@
+"""The wheel: one top-level package, `trainfeed`; it installs and runs in a clean Python 3.12
+venv with numpy 2; it resolves on the Databricks ML runtimes without replacing their numpy,
+pandas, pyarrow or torch; and each test environment holds the versions it stands for."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import zipfile
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNTIMES = ROOT.parent / "shared" / "databricks" / "runtime-constraints"
+PROTECTED = ("numpy", "pandas", "pyarrow", "torch")
+
+
+def pip(python: str | Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(python), "-m", "pip", *args], capture_output=True, text=True, env=env)
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    res = pip(sys.executable, "wheel", "--no-deps", "-q", "--wheel-dir", str(out), str(ROOT))
+    assert res.returncode == 0, res.stderr
+    (whl,) = out.glob("trainfeed-*.whl")
+    return whl
+
+
+def test_the_wheel_installs_one_top_level_package(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    dist_info = f"trainfeed-{metadata.version('trainfeed')}.dist-info"
+    assert {n.split("/")[0] for n in names} == {"trainfeed", dist_info}
+    subpackages = {n.split("/")[1] for n in names if n.count("/") == 2 and n.endswith("/__init__.py")}
+    assert subpackages == {"converters", "training", "benchmarks", "pipelines"}
+    assert "trainfeed/py.typed" in names
+    assert zipfile.ZipFile(wheel).read(f"{dist_info}/top_level.txt").decode().split() == ["trainfeed"]
+
+
+def interpreter(version: str) -> str:
+    """A Python of this minor version: pyenv's newest (CI's machine has 3.11 and 3.12), else
+    pythonX.Y on PATH."""
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    found = sorted(root.glob(f"versions/{version}.*/bin/python{version}"), key=lambda p: Version(p.parts[-3]))
+    for exe in [*map(str, found[-1:]), f"python{version}"]:
+        try:
+            res = subprocess.run([exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                 capture_output=True, text=True)
+        except FileNotFoundError:
+            continue
+        if res.stdout.strip() == version:
+            return exe
+    pytest.fail(f"no Python {version} interpreter found (pyenv versions/{version}.*/bin or python{version} on PATH)")
+
+
+# Runs inside the clean venv: every module but the __main__s imports (one needing an optional
+# extra may miss only that extra), and stores written by the `convert` console script read back
+# through the arrow reader, bit for bit.
+SMOKE = textwrap.dedent("""
+    import importlib, json, pkgutil, subprocess, sys
+    from pathlib import Path
+    import numpy as np
+    import trainfeed
+
+    assert np.__version__.startswith("2."), np.__version__
+    OPTIONAL = {"torch", "tensorflow", "pyspark", "petastorm", "pynvml", "duckdb"}
+    missing = {}
+    for mod in pkgutil.walk_packages(trainfeed.__path__, "trainfeed."):
+        if mod.name.endswith(".__main__"):  # runs its CLI when imported
+            continue
+        try:
+            importlib.import_module(mod.name)
+        except ModuleNotFoundError as exc:
+            assert exc.name.split(".")[0] in OPTIONAL, (mod.name, exc.name)
+            missing[mod.name] = exc.name
+
+    from trainfeed.training.readers import ReaderOptions, iter_batches, open_store
+    work = Path(sys.argv[1])
+    rng = np.random.default_rng(0)
+    truth = {}
+    (work / "src").mkdir()
+    for i in range(12):
+        truth[f"v{i:02d}"] = rng.standard_normal((3, 4, 5)).astype("float32")
+        np.save(work / "src" / f"v{i:02d}.npy", truth[f"v{i:02d}"])
+    convert = Path(sys.executable).parent / "convert"
+    for fmt in ("parquet", "delta", "hdf5"):
+        dst = work / f"store.{fmt}"
+        subprocess.run([convert, work / "src", dst, "--to", fmt, "--verify", "--no-progress"], check=True)
+        store = open_store(str(dst))
+        seen = {}
+        for batch in iter_batches(store, ReaderOptions(batch_size=5, workers=1, pool="arrow", drop_last=False)):
+            seen.update(zip(batch.ids, batch.x))
+        assert seen.keys() == truth.keys(), (fmt, sorted(seen))
+        for sid, arr in truth.items():
+            assert seen[sid].dtype == arr.dtype and seen[sid].tobytes() == arr.tobytes(), (fmt, sid)
+    print(json.dumps({"numpy": np.__version__, "python": sys.version.split()[0], "missing": missing}))
+""")
+
+
+@pytest.mark.slow
+def test_the_wheel_runs_in_a_clean_python312_venv_with_numpy2(wheel, tmp_path):
+    """`pip install` of the built wheel (dependencies from PyPI at constraints/dev.txt's versions).
+    No torch: no CPU build of it for 3.12 is on this machine, and the wheel does not require it."""
+    venv = tmp_path / "venv312"
+    subprocess.run([interpreter("3.12"), "-m", "venv", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    res = pip(py, "install", "-q", "-c", str(ROOT / "constraints" / "dev.txt"), str(wheel))
+    assert res.returncode == 0, res.stderr[-3000:]
+    (tmp_path / "smoke.py").write_text(SMOKE)
+    (tmp_path / "work").mkdir()
+    res = subprocess.run([str(py), str(tmp_path / "smoke.py"), str(tmp_path / "work")], capture_output=True,
+                         text=True, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    facts = json.loads(res.stdout.strip().splitlines()[-1])
+    assert facts["python"].startswith("3.12.") and facts["numpy"].startswith("2.")
+
+
+def runtime_pins(name: str) -> dict[str, str]:
+    """A runtime's package set (name~=version lines) as name -> version."""
+    pins = {}
+    for line in (RUNTIMES / name).read_text().splitlines():
+        m = re.fullmatch(r"([A-Za-z0-9_.\-]+)\s*(?:~=|==)\s*(\S+)", line.strip())
+        if m:
+            pins[m[1].lower().replace("_", "-")] = m[2]
+    return pins
+
+
+# What installing the wheel upgrades on each runtime, on purpose: every other package of the
+# runtime is held at its version, and the resolver must still find a solution. Both runtimes:
+# adlfs 2024+ needs fsspec >= 2023.12 (they ship 2023.5). 15.4: typer 0.9 lacks what the CLIs
+# use (>= 0.12); deltalake 1.6 needs deprecated >= 1.2.18.
+UPGRADES = {
+    "15.4.x-cpu-ml-scala2.12.txt": ("3.11", {"fsspec", "typer", "deprecated"}),
+    "17.3.x-cpu-ml-scala2.13.txt": ("3.12", {"fsspec"}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime", sorted(UPGRADES))
+def test_the_wheel_resolves_on_the_databricks_runtime(wheel, tmp_path, runtime):
+    """pip's resolver on the runtime's Python, no Databricks needed: the runtime's packages as
+    exact constraints, except the upgrades named above; numpy, pandas, pyarrow and torch are
+    never replaced. About a minute each (package metadata from PyPI)."""
+    assert RUNTIMES.is_dir(), f"{RUNTIMES} is missing: the runtime package sets come from ../shared"
+    python_version, upgrades = UPGRADES[runtime]
+    pins = runtime_pins(runtime)
+    assert not upgrades & set(PROTECTED)
+    held = {n: v for n, v in pins.items() if n not in upgrades}
+    (tmp_path / "runtime.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(held.items())))
+    res = pip(interpreter(python_version), "install", "--dry-run", "--ignore-installed", "--report",
+              str(tmp_path / "report.json"), "-c", str(tmp_path / "runtime.txt"), str(wheel))
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    chosen = {i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"]
+              for i in json.loads((tmp_path / "report.json").read_text())["install"]}
+    for name in PROTECTED:
+        assert name not in chosen or chosen[name] == pins[name], (name, chosen[name], pins[name])
+    replaced = {n for n in chosen if n in pins and chosen[n] != pins[n]}
+    assert replaced == upgrades & set(pins), replaced
+
+
+def unmet(requirements: list[str], extras: set[str]) -> list[str]:
+    """The requirements of trainfeed (core, plus the given extras) this environment does not meet."""
+    broken = []
+    for text in requirements:
+        req = Requirement(text)
+        if req.marker and not any(req.marker.evaluate({"extra": e}) for e in extras | {""}):
+            continue
+        try:
+            have = metadata.version(req.name)
+        except metadata.PackageNotFoundError:
+            broken.append(f"{req} (not installed)")
+            continue
+        if not req.specifier.contains(have, prereleases=True):
+            broken.append(f"{req} (have {have})")
+    return broken
+
+
+@pytest.mark.petastorm
+def test_the_petastorm_environment_is_trainfeed_petastorm():
+    assert unmet(metadata.requires("trainfeed"), {"petastorm", "dev"}) == []
+    assert Version(metadata.version("pyarrow")).major == 14
+    with pytest.raises(ImportError):
+        import tensorflow  # noqa: F401  (the Petastorm environment carries no TensorFlow)
+
+
+def test_the_main_environment_is_todays_stack():
+    """What `make test` runs outside the Petastorm environment: numpy 2, pyarrow >= 19, no Petastorm."""
+    assert unmet(metadata.requires("trainfeed"), {"tf", "spark", "gpu", "dev"}) == []
+    assert Version(metadata.version("numpy")).major == 2
+    assert Version(metadata.version("pyarrow")).major >= 19
+    with pytest.raises(metadata.PackageNotFoundError):
+        metadata.version("petastorm")
