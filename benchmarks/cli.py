@@ -12,7 +12,7 @@ from typing import List, Optional
 
 import typer
 
-from trainfeed.converters.cli import exit_codes
+from trainfeed.converters.cli_common import exit_codes
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.progress import progress_bar
 from trainfeed.converters.redact import redact, redact_json, register_storage_options
@@ -132,7 +132,7 @@ def run(
     catalog: Path = typer.Option(CATALOG, "--catalog", help="Instance catalog CSV (prices with date and source)."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    from trainfeed.converters.cli import parse_storage_options
+    from trainfeed.converters.cli_common import parse_storage_options
 
     from . import report as report_mod
     from .matrix import MatrixConfig, run_matrix

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import os
 import sys
-from contextlib import contextmanager
 from enum import Enum
-from typing import Iterator, List, Optional
+from typing import List, Optional
 
 import typer
 
@@ -13,7 +12,8 @@ from .convert import ConvertConfig, convert
 from .errors import TrainfeedError, UsageError
 from .options import WriteOptions, parse_size
 from .progress import progress_bar
-from .redact import redact, redact_json, register_environment, register_storage_options
+from .cli_common import exit_codes, parse_storage_options
+from .redact import redact, redact_json
 from .sources import ImageOptions
 from .stores import FORMATS, WRITABLE
 
@@ -45,41 +45,6 @@ class TensorColumn(str, Enum):
 class ImageStorage(str, Enum):
     encoded = "encoded"
     decoded = "decoded"
-
-
-@contextmanager
-def exit_codes(interrupted: str = "interrupted") -> Iterator[None]:
-    """The CLI error contract: a TrainfeedError prints its message (no traceback) and exits 1
-    or 2; Ctrl-C exits 130. Every message is redacted (no credential is ever printed)."""
-    register_environment()
-    try:
-        yield
-    except TrainfeedError as exc:
-        typer.echo(redact(f"error: {exc}"), err=True)
-        raise typer.Exit(exc.exit_code) from None
-    except KeyboardInterrupt:
-        typer.echo(interrupted, err=True)
-        raise typer.Exit(130) from None
-    except (typer.Exit, SystemExit):
-        raise
-    except Exception as exc:  # a bug or an unforeseen library error: still no secret, no traceback
-        if os.environ.get("TRAINFEED_DEBUG"):
-            raise
-        typer.echo(redact(f"error: unexpected {type(exc).__name__}: {exc} (TRAINFEED_DEBUG=1 shows the traceback)"),
-                   err=True)
-        raise typer.Exit(1) from None
-
-
-def parse_storage_options(pairs: list[str]) -> dict[str, str]:
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--storage-option expects KEY=VALUE, got {pair!r}")
-        # fsspec backends take real booleans (anon=false must not be the truthy string "false")
-        out[key.strip()] = {"true": True, "false": False}.get(value.strip().lower(), value)
-    register_storage_options(out)
-    return out
 
 
 def parse_resize(text: str | None) -> tuple[int, int] | None:

@@ -15,12 +15,17 @@ from tests.conftest import write_volumes
 SHAPE = (4, 4, 2, 1)
 
 
-def readme_example() -> str:
+def readme_examples() -> list[str]:
+    """The README's Python API example: its numpy-only part, then its PyTorch part."""
     text = (Path(__file__).parents[1] / "README.md").read_text()
     section = text.split("\n## Python API\n", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-    assert len(blocks) == 1, "the Python API section holds one example"
-    return blocks[0]
+    assert len(blocks) == 2, "the Python API section holds the example in two parts"
+    return blocks
+
+
+def readme_example() -> str:
+    return "\n".join(readme_examples())
 
 
 def test_every_public_name_resolves():

@@ -17,6 +17,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
+from tests.test_api import readme_examples
+
 ROOT = Path(__file__).resolve().parents[1]
 RUNTIMES = ROOT.parent / "shared" / "databricks" / "runtime-constraints"
 PROTECTED = ("numpy", "pandas", "pyarrow", "torch")
@@ -101,24 +103,39 @@ SMOKE = textwrap.dedent("""
         assert seen.keys() == truth.keys(), (fmt, sorted(seen))
         for sid, arr in truth.items():
             assert seen[sid].dtype == arr.dtype and seen[sid].tobytes() == arr.tobytes(), (fmt, sid)
+    # the README's Python API example, its numpy-only part, on data of its own
+    import csv, os
+    os.chdir(work)
+    (work / "data" / "volumes").mkdir(parents=True)
+    with open(work / "data" / "volumes" / "labels.csv", "w", newline="") as fh:
+        rows = csv.writer(fh)
+        rows.writerow(["id", "label"])
+        for sid, arr in truth.items():
+            np.save(work / "data" / "volumes" / f"{sid}.npy", arr)
+            rows.writerow([sid, int(arr.mean() > 0)])
+    exec(compile(Path(sys.argv[2]).read_text(), "README.md (Python API)", "exec"), {"__name__": "readme"})
     print(json.dumps({"numpy": np.__version__, "python": sys.version.split()[0], "missing": missing}))
 """)
 
 
 @pytest.mark.slow
 def test_the_wheel_runs_in_a_clean_python312_venv_with_numpy2(wheel, tmp_path):
-    """`pip install` of the built wheel (dependencies from PyPI at constraints/dev.txt's versions).
-    No torch: no CPU build of it for 3.12 is on this machine, and the wheel does not require it."""
+    """`pip install` of the built wheel (dependencies from PyPI at constraints/dev.txt's versions),
+    then every module imports, conversions round-trip and the README's Python example runs. No
+    torch: no CPU build of it for 3.12 is on this machine (only CUDA builds of several GB), and
+    the wheel does not require it; the example's PyTorch part runs on 3.11 (tests/test_api.py)."""
     venv = tmp_path / "venv312"
     subprocess.run([interpreter("3.12"), "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"
     res = pip(py, "install", "-q", "-c", str(ROOT / "constraints" / "dev.txt"), str(wheel))
     assert res.returncode == 0, res.stderr[-3000:]
     (tmp_path / "smoke.py").write_text(SMOKE)
+    (tmp_path / "readme.py").write_text(readme_examples()[0])  # the numpy-only part: no torch for 3.12 here
     (tmp_path / "work").mkdir()
-    res = subprocess.run([str(py), str(tmp_path / "smoke.py"), str(tmp_path / "work")], capture_output=True,
-                         text=True, cwd=tmp_path)
+    res = subprocess.run([str(py), str(tmp_path / "smoke.py"), str(tmp_path / "work"), str(tmp_path / "readme.py")],
+                         capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
+    assert "12 samples," in res.stdout and "parquet 12 (3, 4, 5)" in res.stdout, res.stdout[-2000:]
     facts = json.loads(res.stdout.strip().splitlines()[-1])
     assert facts["python"].startswith("3.12.") and facts["numpy"].startswith("2.")
 

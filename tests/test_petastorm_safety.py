@@ -61,6 +61,7 @@ def planted(tmp_path):
     return {"src": src, "samples": samples, "stores": stores, "marker": lambda fmt: tmp_path / f"marker-{fmt}"}
 
 
+@pytest.mark.petastorm
 @pytest.mark.filterwarnings("ignore:Please use make_reader")
 def test_the_planted_file_runs_code_when_petastorm_is_given_the_folder(planted):
     """The threat is real: this is what trainfeed must never do."""
@@ -72,10 +73,12 @@ def test_the_planted_file_runs_code_when_petastorm_is_given_the_folder(planted):
     assert planted["marker"]("parquet").read_text() == "code ran"
 
 
+@pytest.mark.parametrize("pool", ["arrow", pytest.param("sharded", marks=pytest.mark.petastorm)])
 @pytest.mark.parametrize("fmt", ["parquet", "delta"])
-def test_train_never_unpickles_a_planted_common_metadata(planted, tmp_path, fmt):
+def test_train_never_unpickles_a_planted_common_metadata(planted, tmp_path, fmt, pool):
+    """trainfeed's own engine (the default) and Petastorm's sharded pool, which is handed files."""
     res = train_cli("--data", planted["stores"][fmt], "--epochs", "1", "--batch-size", "8", "--width", "4",
-                    "--workers", "2", "--out", tmp_path / "out", "--json")  # default --reader-pool: Petastorm
+                    "--workers", "2", "--reader-pool", pool, "--out", tmp_path / "out", "--json")
     assert not planted["marker"](fmt).exists()
     assert res.exit_code == 0, res.stderr
     summary = json.loads(res.stdout)

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from trainfeed.converters.cli import exit_codes, parse_storage_options
+from trainfeed.converters.cli_common import exit_codes, parse_storage_options
 from trainfeed.converters.redact import redact, redact_json
 from trainfeed.converters.stores import FORMATS
 
