@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from .convert import ConvertConfig, convert
-from .errors import TrainfeedError, UsageError
+from .errors import UsageError
 from .options import WriteOptions, parse_size
 from .progress import progress_bar
 from .cli_common import exit_codes, parse_storage_options

@@ -14,8 +14,10 @@ import json
 import sys
 from pathlib import Path
 
-from trainfeed.converters.errors import TrainfeedError, UsageError
+from trainfeed.converters.errors import TrainfeedError
 from trainfeed.converters.redact import redact
+
+from .entry import run_job
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -83,15 +85,9 @@ def merge(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        args = parse_args(sys.argv[1:] if argv is None else argv)
-        result = run(args) if args.command == "run" else merge(args)
-    except (TrainfeedError, UsageError) as exc:
-        print(redact(f"error: {exc}"), file=sys.stderr)
-        return exc.exit_code
-    print(json.dumps(result, default=str))
-    return 0
-
+    """Entry point (console script and Databricks wheel task); a failure raises SystemExit."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    return run_job(lambda: run(args) if args.command == "run" else merge(args))
 
 if __name__ == "__main__":
     sys.exit(main())

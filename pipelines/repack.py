@@ -12,7 +12,6 @@ commits them in one transaction. The result is sample-for-sample what `convert` 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import posixpath
 import sys
@@ -28,10 +27,10 @@ from trainfeed.converters.errors import SampleError, TrainfeedError, UsageError
 from trainfeed.converters.labels import resolve_labels
 from trainfeed.converters.layout import DATASET_META, ID, DatasetSchema, arrow_schema, to_record_batch
 from trainfeed.converters.options import WriteOptions, parse_size
-from trainfeed.converters.redact import redact
 from trainfeed.converters.samples import SchemaGuard, load_sample
 from trainfeed.converters.sources import ImageOptions, Sample, decode_sample, list_source
 
+from .entry import run_job
 from .spark import get_spark, on_databricks
 
 PATH, ERROR = "_path", "_error"
@@ -216,17 +215,10 @@ def _write_delta_spark(spark, df, path: Path, args) -> None:  # pragma: no cover
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        args = parse_args(sys.argv[1:] if argv is None else argv)
-        summary = repack(args)
-    except TrainfeedError as exc:
-        print(redact(f"error: {exc}"), file=sys.stderr)
-        return exc.exit_code
-    print(json.dumps(summary) if args.json else
-          f"{summary['format']} store written by Spark: {summary['output']} ({summary['samples']} samples, "
-          f"{summary['rejected']} rejected)")
-    return 0
-
+    """Entry point (console script and Databricks wheel task); a failure raises SystemExit."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    return run_job(lambda: repack(args), None if args.json else lambda s: (
+        f"{s['format']} store written by Spark: {s['output']} ({s['samples']} samples, {s['rejected']} rejected)"))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -6,13 +6,13 @@ TorchDistributor (a cluster's GPUs or CPU slots; local mode on a single node).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from trainfeed.converters.errors import TrainfeedError
-from trainfeed.converters.redact import redact
 from trainfeed.training.cli import run as train_one
 from trainfeed.training.config import TrainConfig, check
+
+from .entry import run_job
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -54,14 +54,14 @@ def train(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        summary = train(parse_args(sys.argv[1:] if argv is None else argv))
-    except TrainfeedError as exc:
-        print(redact(f"error: {exc}"), file=sys.stderr)
-        return exc.exit_code
-    print(json.dumps({k: summary.get(k) for k in ("samples_per_s", "stall_fraction", "au", "steps", "world_size")}))
-    return 0
+    """Entry point (console script and Databricks wheel task); a failure raises SystemExit."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    return run_job(lambda: headline(train(args)))
 
+
+def headline(summary: dict) -> dict:
+    """What the job prints of summary.json (the whole file is in --out)."""
+    return {k: summary.get(k) for k in ("samples_per_s", "stall_fraction", "au", "steps", "world_size")}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -91,7 +91,9 @@ def test_storage_ab_job_tasks_and_report(source, tmp_path):
     cpu = params("storage_ab", "ab_cpu_node", variables) + ["--width", "8", "--cpu-steps", "2", "--workers", "2"]
     assert benchmark.main(cpu) == 0
     gpu = params("storage_ab", "ab_gpu_node", variables)
-    assert benchmark.main(gpu + ["--width", "8"]) == 1  # --nodes cuda: no GPU here, a clear error
+    with pytest.raises(SystemExit) as failed:  # --nodes cuda: no GPU here, a clear error
+        benchmark.main(gpu + ["--width", "8"])
+    assert failed.value.code == 1
     emulated = [("t4" if p == "cuda" else p) for p in gpu] + ["--width", "8", "--steps", "4", "--workers", "2"]
     assert benchmark.main(emulated) == 0
     assert benchmark.main(params("storage_ab", "report", variables)) == 0
@@ -117,3 +119,22 @@ def test_train_job_distributed_on_local_spark(source, spark, tmp_path):
     args[args.index("--checkpoint-dir") + 1] = str(tmp_path / "ckpt")
     assert train.main(args) == 0
     assert json.loads((tmp_path / "train" / "summary.json").read_text())["world_size"] == 2
+
+
+@pytest.mark.parametrize("script,argv", [
+    ("trainfeed-train", ["--data", "{tmp}/no-such-store", "--out", "{tmp}/out"]),
+    ("trainfeed-benchmark", ["merge", "--out", "{tmp}", "--inputs", "cpu-node"]),
+    ("trainfeed-repack", ["--src", "{tmp}/src", "--dst", "{tmp}/src/inside", "--to", "delta"]),
+])
+def test_a_failed_job_fails_the_way_the_wheel_task_launcher_sees_it(tmp_path, monkeypatch, capsys, script, argv):
+    """The Databricks python-wheel-task launcher loads the entry point, sets sys.argv and calls
+    it, ignoring what it returns: a failure must raise SystemExit with a non-zero code."""
+    from importlib.metadata import entry_points
+
+    (tmp_path / "src").mkdir()
+    (entry_point,) = entry_points(group="console_scripts", name=script)
+    monkeypatch.setattr("sys.argv", [script, *(a.format(tmp=tmp_path) for a in argv)])
+    with pytest.raises(SystemExit) as failed:
+        entry_point.load()()
+    assert failed.value.code in (1, 2)
+    assert capsys.readouterr().err.startswith("error: ")
