@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import posixpath
 import sys
 import uuid
 from pathlib import Path
@@ -31,6 +30,7 @@ from trainfeed.converters.samples import SchemaGuard, load_sample
 from trainfeed.converters.sources import ImageOptions, Sample, decode_sample, list_source
 
 from .entry import run_job
+from .paths import sample_id, source_root
 from .spark import get_spark, on_databricks
 
 PATH, ERROR = "_path", "_error"
@@ -72,8 +72,7 @@ def _decoder(kind: str, root: str, specs, first_id: str, labels_by_id, labeled: 
             ok, ok_paths, bad = [], [], []
             for path, content in zip(batch.column("path").to_pylist(), batch.column("content").to_pylist()):
                 local = path.removeprefix("file:")
-                rel = posixpath.relpath(local, root)
-                sid = posixpath.splitext(rel)[0]
+                sid = sample_id(path, root)
                 try:
                     if labeled and sid not in labels_by_id:
                         raise SampleError(local, f"no label for id {sid!r} in the labels file")
@@ -142,7 +141,7 @@ def _repack(args: argparse.Namespace, dst: Path, spark) -> dict:
     schema = DatasetSchema(fields=list(guard.specs), labeled=labels.by_id is not None, label_map=labels.label_map,
                            source=source_location(args.src), store_id=uuid.uuid4().hex)
     arrow = arrow_schema(schema, args.tensor_column)
-    root = str(Path(args.src).absolute()) if "://" not in args.src else args.src.split("://", 1)[1]
+    root = source_root(args.src)
     decode = _decoder(listing.kind, root, guard.specs, guard.first_id, labels.by_id or {}, schema.labeled,
                       arrow.serialize().to_pybytes())
     out_fields = list(arrow) + [pa.field(PATH, pa.string()), pa.field(ERROR, pa.string())]
