@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
+from trainfeed.converters.interrupt import SignalFlag
 from trainfeed.converters.redact import redact, redact_obj
 
 from .config import TrainConfig, distributed_env
@@ -190,24 +191,11 @@ class Prefetcher:
         self._thread.join(10)
 
 
-class Preemption:
+class Preemption(SignalFlag):
     """SIGTERM (a spot node being reclaimed) sets a flag the loop checks after every step."""
 
-    def __init__(self):
-        self.requested = False
-        self._previous = None
-
-    def __enter__(self) -> Preemption:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        self.requested = True
-
-    def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+    def __init__(self) -> None:
+        super().__init__(signal.SIGTERM)
 
 
 def after_step(cfg: TrainConfig, global_step: int, preemption: "Preemption", save: Callable[[], None]) -> bool:
