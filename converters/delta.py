@@ -21,9 +21,9 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, create_table_with_add_actions
 
 from .errors import TrainfeedError, UsageError
-from .layout import DATASET_META, ID, LABEL, DatasetSchema, arrow_schema, schema_from_arrow
+from .layout import DATASET_META, ID, LABEL, DatasetSchema, arrow_schema, checked_schema, schema_from_arrow
 from .options import Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows, pick_field
-from .parquet import Part, checked_schema, piece_file, row_group_pieces, row_group_samples, write_parts
+from .parquet import Part, piece_file, row_group_pieces, row_group_samples, write_parts
 # A Delta table's files are Parquet: its codecs and its read side are Parquet's.
 from .parquet import COMPRESSION_LEVELS, COMPRESSIONS, DEFAULT_COMPRESSION, UNIT, read_labels, read_piece  # noqa: F401
 from .sources import Sample

@@ -21,9 +21,9 @@ import h5py
 import numpy as np
 
 from .errors import TrainfeedError
-from .layout import DATASET_META, ID, LABEL, MANIFEST, DatasetSchema, FieldSpec
+from .layout import DATASET_META, ID, LABEL, MANIFEST, DatasetSchema, FieldSpec, checked_schema
 from .options import Columns, Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows, pick_field
-from .parquet import WRITER, checked_schema, read_manifest, write_manifest
+from .parquet import WRITER, read_manifest, write_manifest
 from .sources import Sample
 
 FORMAT = name = "hdf5"

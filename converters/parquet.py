@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import __version__
-from .layout import (ID, IMAGE_BYTES, LABEL, MANIFEST, RAW, RESERVED, SUPPORTED_DTYPES, DatasetSchema, FieldSpec,
-                     arrow_schema, from_record_batch, to_record_batch)
+from .layout import (ID, LABEL, MANIFEST, DatasetSchema, FieldSpec, arrow_schema, checked_schema, from_record_batch,
+                     is_count, to_record_batch)
 from .options import (Columns, Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows, labels_array,
                       pick_field)
 from .sources import Sample
@@ -184,55 +184,8 @@ def _check_parts(parts: Any, file: Path) -> None:
         name = part.get("file") if isinstance(part, dict) else None
         rows = part.get("rows") if isinstance(part, dict) else None
         plain_name = isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
-        if not (plain_name and _is_count(rows)):
+        if not (plain_name and is_count(rows)):
             raise ValueError(f"{file}: part {i} is {part!r}, not {{\"file\": NAME, \"rows\": N}}")
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def checked_schema(d: Any, where) -> DatasetSchema:
-    """A DatasetSchema from its JSON form as found in a store (manifest, HDF5 attribute, Delta
-    commit), validated; ValueError naming ``where`` otherwise."""
-    problem = _schema_problem(d)
-    if problem is None:
-        try:
-            return DatasetSchema.from_dict(d)
-        except (KeyError, TypeError, ValueError) as exc:
-            problem = str(exc)
-    raise ValueError(f"{where}: invalid dataset schema: {problem}")
-
-
-def _schema_problem(d: Any) -> str | None:
-    if not isinstance(d, dict):
-        return f"expected an object, found {type(d).__name__}"
-    if not isinstance(d.get("fields"), list) or not d["fields"]:
-        return "'fields' must be a non-empty list"
-    for f in d["fields"]:
-        problem = _field_problem(f)
-        if problem:
-            return problem
-    if not isinstance(d.get("labeled"), bool):
-        return "'labeled' must be true or false"
-    label_map = d.get("label_map")
-    if label_map is not None and not (isinstance(label_map, dict) and all(
-            isinstance(k, str) and _is_count(v) for k, v in label_map.items())):
-        return "'label_map' must map class names to integers >= 0"
-    return None
-
-
-def _field_problem(f: Any) -> str | None:
-    if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not f["name"] or f["name"] in RESERVED:
-        return f"field {f!r} has no valid name"
-    if f.get("dtype") not in SUPPORTED_DTYPES:
-        return f"field {f['name']!r} has dtype {f.get('dtype')!r} (supported: {', '.join(SUPPORTED_DTYPES)})"
-    shape = f.get("shape")
-    if shape is not None and not (isinstance(shape, list) and all(_is_count(n) for n in shape)):
-        return f"field {f['name']!r} has shape {shape!r}, not a list of sizes"
-    if f.get("encoding", RAW) not in (RAW, IMAGE_BYTES):
-        return f"field {f['name']!r} has encoding {f.get('encoding')!r}"
-    return None
 
 
 def data_files(path) -> list[str]:
