@@ -15,6 +15,7 @@ import math
 import os
 import posixpath
 import stat
+import threading
 import zipfile
 import zlib
 from dataclasses import dataclass, field
@@ -258,6 +259,10 @@ _NPY_MAGIC, _ZIP_MAGIC, _PNG_MAGIC = b"\x93NUMPY", b"PK\x03\x04", b"\x89PNG\r\n\
 #: in two: its first bytes (numpy headers are at most ~10 KB), then exactly the payload its
 #: header promises.
 NPY_ONE_READ, NPY_HEADER_READ = 1 << 20, 64 << 10
+#: numpy parses .npy headers with ``ast.literal_eval``; CPython 3.11/3.12 keep the AST
+#: converter's recursion counter per interpreter, so two threads parsing at once can fail
+#: with "SystemError: AST constructor recursion depth mismatch" (CPython gh-106905).
+_HEADER_PARSE = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -286,7 +291,8 @@ def _npy_header(path: str, data: bytes, size: float) -> _NpyHeader:
         # 3.0 differs from 2.0 only in its header's encoding (UTF-8 for non-ASCII field names
         # of structured dtypes, which are refused anyway).
         read = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
-        shape, fortran, dtype = read(fp)
+        with _HEADER_PARSE:
+            shape, fortran, dtype = read(fp)
     except (ValueError, SyntaxError) as exc:
         raise SampleError(path, f"corrupt or truncated .npy: {exc}") from exc
     problem = dtype_problem(dtype)

@@ -10,6 +10,7 @@ import resource
 import struct
 import subprocess
 import sys
+import textwrap
 import zipfile
 import zlib
 from pathlib import Path
@@ -381,3 +382,25 @@ def test_call_timeout_must_be_seconds(tmp_path, volumes, convert_cli):
     res = convert_cli(src, tmp_path / "o.parquet", "--to", "parquet", "--storage-option", "call_timeout=soon")
     assert res.exit_code == 2
     assert "--storage-option call_timeout expects a number of seconds (0: no limit), got 'soon'" in res.stderr
+
+
+def test_npy_headers_parse_safely_from_many_threads():
+    """numpy parses .npy headers with ast; on CPython 3.11/3.12 two threads doing that at once
+    can raise SystemError (gh-106905). Frequent garbage collection that yields the GIL mid-parse
+    makes the race near-certain without trainfeed's lock."""
+    script = textwrap.dedent("""
+        import gc, io, sys, time
+        from concurrent.futures import ThreadPoolExecutor
+        import numpy as np
+        from trainfeed.converters.sources import decode_npy
+        buf = io.BytesIO(); np.save(buf, np.arange(900, dtype=np.float32).reshape(30, 30))
+        data = buf.getvalue()
+        sys.setswitchinterval(1e-6); gc.set_threshold(5); gc.callbacks.append(lambda *a: time.sleep(0))
+        def parse(_):
+            for _ in range(1000):
+                assert np.array_equal(decode_npy("x.npy", data)["volume"], np.arange(900, dtype=np.float32).reshape(30, 30))
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(parse, range(8)))
+    """)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
