@@ -305,3 +305,17 @@ def test_probe_azurite_and_its_emulation(azurite_server, tmp_path):
     emulated_profile = probe(cfg)
     assert _within(emulated_profile.detail["latency_ms"]["p50"], OBJECT_STORES["azure-blob"].request_seconds(8_000) * 1e3)
     assert az.find("probecont") == []
+
+
+def test_probe_existing_objects_reads_and_leaves_them(tmp_path):
+    rng = np.random.default_rng(3)
+    files = {f"f{i}": rng.bytes(size) for i, size in enumerate((5000, 6000, 500, 40_000))}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    cfg = ProbeConfig(f"emulated://{tmp_path}", {"target": "file", "profile": "lan"}, small_size=4000,
+                      large_size=100_000, samples=6, max_concurrency=2, existing=True)
+    profile = probe(cfg)
+    d = profile.detail
+    assert d["objects"] == "existing objects (3 small, 1 large)" and d["large_bytes"] == 40_000
+    assert d["small_gets"] == 6 and list(d["throughput_mb_per_s"]) == ["1", "2"]
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files
