@@ -133,6 +133,7 @@ class Bench:
                              for fmt in args.layouts if fmt != "blob"}
         self.backends = [self._backend(name, stack) for name in args.backends]
         self.results: dict[tuple, dict] = {}
+        self.placed: set[tuple[str, str]] = set()  # (backend, layout) converted onto a remote backend
         self.env = environment()
 
     def _dataset(self) -> Path:
@@ -167,14 +168,13 @@ class Bench:
         return backend
 
     def rel(self, backend: Backend, layout: str) -> str:
-        """Where ``layout`` lives on ``backend``, relative to its root (stores converted on first use)."""
+        """Where ``layout`` lives on ``backend``, relative to its root (converted there on first use)."""
         if layout == "blob":
             return self.src.name
-        local = self.local_stores[layout]
-        if backend.name == "local":
-            return Path(local).name
-        name = Path(local).name
-        self._convert(layout, backend.url(name), backend.options)
+        name = Path(self.local_stores[layout]).name
+        if backend.name != "local" and (backend.name, layout) not in self.placed:
+            self._convert(layout, backend.url(name), backend.options)
+            self.placed.add((backend.name, layout))
         return name
 
     def profile_for(self, connections: int) -> Path:

@@ -92,6 +92,8 @@ class EmulatedFileSystem(AbstractFileSystem):
 
     @classmethod
     def _strip_protocol(cls, path):
+        if isinstance(path, list):
+            return [cls._strip_protocol(p) for p in path]
         path = str(path)
         return path[len("emulated://"):] if path.startswith("emulated://") else path
 
