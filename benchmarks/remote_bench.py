@@ -129,7 +129,7 @@ class Bench:
         self.profile = load_object_store(args.profile)
         self.src = self._dataset()
         self.labels = str(self.src / "labels.csv")
-        self.local_stores = {fmt: self._convert(fmt, str(work / f"{fmt}-{self.src.name}" + (".h5" if fmt == "hdf5" else "")))
+        self.local_stores = {fmt: self._convert(fmt, str(work / f"{fmt}-{self.src.name}{'.h5' if fmt == 'hdf5' else ''}"))
                              for fmt in args.layouts if fmt != "blob"}
         self.backends = [self._backend(name, stack) for name in args.backends]
         self.results: dict[tuple, dict] = {}
