@@ -4,7 +4,7 @@ files and over Azurite (the real Azure Blob API on loopback), for the small-file
 each compacted store, at 1, 4 and 16 connections.
 
 A budget of N connections is the emulated client's cap (at most N requests in flight) and
-the reader's parallelism (blob: N reader threads; stores: ``io_concurrency=N``). Each line
+the reader's own connection budget (``ReaderOptions(io_concurrency=N)``). Each line
 holds the reader's MB/s (tensor bytes delivered) and the storage MB/s (bytes it fetched)
 next to ``bound_mb_per_s``: the profile's best for that budget and the run's own mean request
 size (bytes / requests, HEADs and LISTs included), i.e. every request of the run packed onto
@@ -83,12 +83,9 @@ def stats_of(options: dict) -> EmulatedFileSystem:
     return EmulatedFileSystem(options["target"], options["profile"], options["target_options"])
 
 
-def reader_options(layout: str, connections: int, storage_options: dict, labels: str | None,
-                   batch_size: int, cache_dir: str | None = None) -> ReaderOptions:
-    if layout == "blob":
-        return ReaderOptions(batch_size=batch_size, drop_last=False, workers=connections, labels_csv=labels,
-                             storage_options=storage_options)
-    return ReaderOptions(batch_size=batch_size, drop_last=False, io_concurrency=connections,
+def reader_options(connections: int, storage_options: dict, labels: str | None, batch_size: int,
+                   cache_dir: str | None = None) -> ReaderOptions:
+    return ReaderOptions(batch_size=batch_size, drop_last=False, io_concurrency=connections, labels_csv=labels,
                          storage_options=storage_options, cache_dir=cache_dir)
 
 
@@ -186,7 +183,7 @@ class Bench:
         key = (backend.name, layout, connections)
         if key not in self.results:
             url, options = backend.emulated(self.rel(backend, layout), self.profile_for(connections))
-            opts = reader_options(layout, connections, options, self.labels if layout == "blob" else None,
+            opts = reader_options(connections, options, self.labels if layout == "blob" else None,
                                   self.args.batch_size)
             rec = read_epoch(url, layout, opts)
             self.results[key] = with_bound(rec, replace(self.profile, max_concurrency=connections), connections)
@@ -226,11 +223,11 @@ class Bench:
                     cache = self.work / f"cache-{backend.name}-{layout}"
                     shutil.rmtree(cache, ignore_errors=True)
                     url, options = backend.emulated(self.rel(backend, layout), self.profile_for(c))
-                    opts = reader_options(layout, c, options, None, self.args.batch_size, str(cache))
+                    opts = reader_options(c, options, None, self.args.batch_size, str(cache))
                     first = read_epoch(url, layout, opts, epoch=0)
                     second = read_epoch(url, layout, opts, epoch=1)
                     local = read_epoch(self.local_stores[layout], layout,
-                                       reader_options(layout, c, {}, None, self.args.batch_size), epoch=1)
+                                       reader_options(c, {}, None, self.args.batch_size), epoch=1)
                     return {"epoch1_mb_per_s": first["mb_per_s"], "epoch2_mb_per_s": second["mb_per_s"],
                             "epoch2_requests": second["requests"], "local_mb_per_s": local["mb_per_s"],
                             "epoch2_vs_local": second["mb_per_s"] / local["mb_per_s"]}
