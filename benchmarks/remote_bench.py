@@ -31,6 +31,8 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import fsspec
+
 from trainfeed.converters.convert import ConvertConfig, convert
 from trainfeed.converters.errors import TrainfeedError
 from trainfeed.converters.redact import redact, register_storage_options
@@ -156,8 +158,6 @@ class Bench:
         server = stack.enter_context(azurite.start())
         register_storage_options(server.storage_options)
         backend = Backend("azurite", "abfs", CONTAINER, server.storage_options)
-        import fsspec
-
         fs = fsspec.filesystem("abfs", **server.storage_options)
         fs.mkdir(CONTAINER)
         log(f"uploading {self.src} to Azurite (port {server.port})")
@@ -174,9 +174,13 @@ class Bench:
             self.placed.add((backend.name, layout))
         return name
 
+    def budget(self, connections: int):
+        """The profile for a client of ``connections`` connections (never more than the profile allows)."""
+        return replace(self.profile, max_concurrency=min(connections, self.profile.max_concurrency))
+
     def profile_for(self, connections: int) -> Path:
         path = self.work / f"profile-{self.profile.name}-c{connections}.json"
-        save_object_store(replace(self.profile, max_concurrency=connections), path)
+        save_object_store(self.budget(connections), path)
         return path
 
     def measure(self, backend: Backend, layout: str, connections: int) -> dict:
@@ -186,7 +190,7 @@ class Bench:
             opts = reader_options(connections, options, self.labels if layout == "blob" else None,
                                   self.args.batch_size)
             rec = read_epoch(url, layout, opts)
-            self.results[key] = with_bound(rec, replace(self.profile, max_concurrency=connections), connections)
+            self.results[key] = with_bound(rec, self.budget(connections), connections)
         return self.results[key]
 
     def cell(self, kind: str, fields: dict, run) -> dict | None:
