@@ -104,8 +104,8 @@ def check_destination(path, mode: str) -> str | None:
     ``path``: a local path or a Location. Returns the format of the trainfeed store there, if any."""
     found = identify(path)
     dst = as_location(path).shown
-    if found is None:
-        return None  # append to nothing creates the table
+    if found is None or found.leftovers:
+        return None  # append to nothing creates the table; a killed run's leftovers are replaced
     if mode == "append":
         if found.fmt != "delta":
             raise TrainfeedError(f"{dst}: --mode append adds to a Delta table written by trainfeed; found {found.what}")

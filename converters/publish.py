@@ -30,12 +30,8 @@ from typing import Callable
 from .errors import TrainfeedError
 from .layout import MANIFEST
 from .location import Location
-from .stores import identify
+from .stores import RUN_PART, identify
 from .upload import Uploader
-
-#: The data files trainfeed writes into folder stores: Parquet and HDF5 parts with or without
-#: a run tag, Delta parts (what cleanup may delete, in a folder that is trainfeed's).
-_PART = re.compile(r"(part|shard)-\d{5}(-[0-9a-f]{8})?\.(parquet|h5)|part-\d{5}-[0-9a-f]{12}-c000\.parquet")
 
 Check = Callable[[Location], "dict | None"]
 
@@ -71,6 +67,8 @@ def _recheck(dst: Location, overwrite: bool, ours: set[str] = frozenset()) -> by
     if not _names(dst) - ours:
         return None
     found = identify(dst)
+    if found is not None and found.leftovers:
+        return None  # only what killed runs left: removed once this store is committed
     if not overwrite or found is None or not found.replaceable:
         what = found.what if found else "new objects"
         raise TrainfeedError(f"{dst.shown}: the destination changed while this run was writing ({what}); "
@@ -138,3 +136,7 @@ def remove_stale(dst: Location, keep: set[str]) -> None:
     store now at ``dst`` does not use (the replaced generation or layout, a killed run's
     leftovers); ``keep``: the names it uses. Only names trainfeed writes are touched."""
     remove(dst, [n for n in _names(dst) - keep if _PART.fullmatch(n) or n in (MANIFEST, "_delta_log")])
+
+
+#: The data files trainfeed writes into folder stores: with or without a run tag, and Delta's.
+_PART = re.compile(rf"(part|shard)-\d{{5}}\.(parquet|h5)|{RUN_PART.pattern}")

@@ -25,7 +25,10 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .sources import call, call_timeout
+from fsspec.exceptions import FSTimeoutError
+
+from .errors import TrainfeedError
+from .sources import call, call_timeout, no_answer
 
 #: Bytes per range request when a span is split across connections: large enough to run near
 #: a stream's bandwidth past the first-byte latency (8 MB at 60 MB/s: ~87% with 20 ms).
@@ -99,7 +102,10 @@ class Fetcher:
         self._key_prefix = f"{getattr(fs, 'protocol', 'fs')}|"
 
     def _get(self, path: str, start: int, end: int) -> bytes:
-        data = call(self.fs, "cat_file", path, start=start, end=end, deadline=self.deadline)
+        try:
+            data = call(self.fs, "cat_file", path, start=start, end=end, deadline=self.deadline)
+        except FSTimeoutError as exc:
+            raise TrainfeedError(no_answer(self.fs.unstrip_protocol(path), self.deadline)) from exc
         if len(data) != end - start:
             raise OSError(f"{path}: asked for bytes {start}-{end}, got {len(data)}: the object is shorter than "
                           "its listing says (changed or truncated)")

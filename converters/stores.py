@@ -17,6 +17,7 @@ checks the interface and round-trips every writable format).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -26,6 +27,11 @@ import h5py
 from . import blob, delta, hdf5, parquet
 from .layout import MANIFEST
 from .location import Location, as_location
+
+#: Data files a conversion to object storage uploads before its commit record: Parquet and
+#: HDF5 parts tagged with their run, Delta parts. A folder on object storage holding only
+#: these is what a killed run left: trainfeed's to replace.
+RUN_PART = re.compile(r"(part|shard)-\d{5}-[0-9a-f]{8}\.(parquet|h5)|part-\d{5}-[0-9a-f]{12}-c000\.parquet")
 
 FORMATS: dict[str, ModuleType] = {m.name: m for m in (parquet, delta, hdf5, blob)}
 #: The formats convert writes (``--to``).
@@ -51,11 +57,13 @@ def detect_format(path, storage_options: dict | None = None) -> str | None:
 @dataclass(frozen=True)
 class Found:
     """What is at a path. ``fmt``: the format of a store trainfeed wrote, else None.
-    ``replaceable``: whether ``--overwrite`` may replace it (a trainfeed store, an empty folder)."""
+    ``replaceable``: whether ``--overwrite`` may replace it (a trainfeed store, an empty folder,
+    the leftovers of a killed run)."""
 
     what: str
     fmt: str | None = None
     replaceable: bool = False
+    leftovers: bool = False  # only what a killed run left (object storage): treated as nothing
 
 
 def _owned(fmt: str) -> Found:
@@ -97,7 +105,11 @@ def _identify_remote(loc: Location) -> Found | None:
         if hdf5.written_by_trainfeed(loc):
             return _owned("hdf5")
         return Found(f"an object of {int(info.get('size') or 0):,} bytes that is not a trainfeed store")
-    return _identify_folder(loc, len(loc.fs.ls(loc.path)))
+    names = [e.rstrip("/").rsplit("/", 1)[-1] for e in loc.fs.ls(loc.path, detail=False)]
+    if names and all(RUN_PART.fullmatch(n) for n in names):
+        return Found(f"{len(names)} data files an interrupted trainfeed run left (no commit record)", replaceable=True,
+                     leftovers=True)
+    return _identify_folder(loc, len(names))
 
 
 def _identify_folder(loc: Location, entries: int) -> Found:

@@ -112,6 +112,7 @@ def open_store(path: str, fmt: str | None = None, opts: ReaderOptions = ReaderOp
     if opts.io_concurrency < 1:
         raise UsageError(f"--io-concurrency must be at least 1, not {opts.io_concurrency}")
     remote = is_remote(path)
+    detected = fmt is None
     fmt = fmt or detect(path, opts.storage_options)
     if opts.delta_version is not None and fmt != "delta":
         raise UsageError(f"--delta-version applies to Delta tables only; {path} is a {fmt} store")
@@ -122,6 +123,8 @@ def open_store(path: str, fmt: str | None = None, opts: ReaderOptions = ReaderOp
     location = locate(path, opts.storage_options)
     if module.writable and not location.exists():
         raise TrainfeedError(f"{location.shown}: store not found")
+    if detected and fmt == "blob":
+        _check_not_an_unfinished_store(location)
     request = ReadRequest(opts.field_name, opts.delta_version, opts.labels_csv, opts.storage_options,
                           opts.io_concurrency, opts.cache_dir, opts.cache_limit)
     try:
@@ -134,6 +137,20 @@ def open_store(path: str, fmt: str | None = None, opts: ReaderOptions = ReaderOp
     return Store(store_path, fmt, listing.schema, listing.spec, listing.pieces, listing.rows, listing.version,
                  {**listing.extra, "files": listing.files, "listing": listing, "root": location.path},
                  local=not remote)
+
+
+def _check_not_an_unfinished_store(location) -> None:
+    """A path that is no store is read as a folder of small files; say plainly when it is
+    nothing at all, or the data files of a store without its commit record."""
+    if not location.exists():
+        raise TrainfeedError(f"{location.shown}: not found (no store and no folder of sample files there)")
+    if location.fs.isdir(location.path):
+        names = [e.rstrip("/").rsplit("/", 1)[-1] for e in location.fs.ls(location.path, detail=False)]
+        data = [n for n in names if n.endswith((".parquet", ".h5", ".hdf5"))]
+        if data and len(data) == len(names):
+            raise TrainfeedError(f"{location.shown}: not a complete store: {len(data)} data files but no "
+                                 "_trainfeed.json manifest or Delta log (the parts of an interrupted conversion?); "
+                                 "convert again")
 
 
 def check_sharding(store: Store, num_shards: int, batch_size: int) -> int:
