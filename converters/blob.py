@@ -12,7 +12,9 @@ from .labels import resolve_labels
 from .layout import DatasetSchema
 from .options import Columns, Pieces, ReadRequest, pick_field
 from .samples import SchemaGuard, load_sample
-from .sources import ImageOptions, SourceFile, list_source
+from .location import locate
+from .remote_io import CachingFileSystem, open_fetcher
+from .sources import ImageOptions, SourceFile, is_local, list_source
 
 name = "blob"
 label = "small files"
@@ -24,6 +26,9 @@ COMPRESSIONS: tuple[str, ...] = ()
 def list_pieces(path, req: ReadRequest) -> Pieces:
     """Every sample file, sorted by id; the schema from the first file, labels as convert takes them."""
     fs, listing = list_source(str(path), req.storage_options)
+    if not is_local(fs):  # reads share the connection budget (and the disk cache, if any)
+        fs = CachingFileSystem(open_fetcher(locate(str(path), req.storage_options), req.io_concurrency,
+                                            req.cache_dir, req.cache_limit))
     labels = resolve_labels(listing.files, labels_csv=req.labels_csv, storage_options=req.storage_options)
     if labels.missing:
         raise TrainfeedError(f"{path}: {len(labels.missing)} files have no label in {req.labels_csv}, "

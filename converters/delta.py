@@ -23,7 +23,9 @@ from deltalake.transaction import AddAction, create_table_with_add_actions
 from .errors import TrainfeedError, UsageError
 from .layout import DATASET_META, ID, LABEL, DatasetSchema, arrow_schema, checked_schema, schema_from_arrow
 from .options import Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows, pick_field
-from .parquet import Part, piece_file, row_group_pieces, row_group_samples, write_parts
+from .location import as_location
+from .parquet import Part, piece_file, remote_row_group_pieces, row_group_pieces, row_group_samples, write_parts
+from .remote_io import open_fetcher
 # A Delta table's files are Parquet: its codecs and its read side are Parquet's.
 from .parquet import COMPRESSION_LEVELS, COMPRESSIONS, DEFAULT_COMPRESSION, UNIT, read_labels, read_piece  # noqa: F401
 from .sources import Sample
@@ -45,8 +47,9 @@ def writer_properties(schema: DatasetSchema, opts: WriteOptions, rows_per_group:
     )
 
 
-def is_store(path: Path) -> bool:
-    return Path(path, "_delta_log").is_dir()
+def is_store(path) -> bool:
+    loc = as_location(path)
+    return Path(loc.path, "_delta_log").is_dir() if loc.local else loc.fs.isdir(loc.file("_delta_log"))
 
 
 def open_table(path, version: int | None = None, storage_options: dict[str, str] | None = None) -> DeltaTable:
@@ -273,19 +276,31 @@ def data_files(path, version: int | None = None, storage_options: dict[str, str]
 
 
 def read_samples(path, version: int | None = None, storage_options: dict[str, str] | None = None) -> Iterator[tuple]:
-    """Every sample of the snapshot with all its fields (what ``--verify`` compares): the pieces training reads."""
-    return row_group_samples(list_pieces(path, ReadRequest(version=version, storage_options=storage_options or {})))
+    """Every sample of the snapshot with all its fields (what ``--verify`` compares): the pieces
+    training reads. ``path``: a local path, URL or Location (``storage_options`` in fsspec's names)."""
+    return row_group_samples(list_pieces(as_location(path, storage_options), ReadRequest(version=version)))
 
 
 def list_pieces(path, req: ReadRequest) -> Pieces:
-    """The row groups of the live snapshot's files (at ``req.version`` if given), from the log."""
+    """The row groups of the live snapshot's files (at ``req.version`` if given), from the log;
+    on object storage the log is read by delta-rs and the data files through fsspec."""
+    loc = as_location(path, req.storage_options)
+    uri, options = loc.delta_uri(), loc.delta_options() or None
     if req.version is not None:
-        latest = open_table(path, storage_options=req.storage_options or None).version()
+        latest = open_table(uri, storage_options=options).version()
         if not 0 <= req.version <= latest:
-            raise UsageError(f"--delta-version {req.version}: {path} has versions 0..{latest}")
-    table = open_table(path, req.version, req.storage_options or None)
-    schema = read_schema(path, req.version, req.storage_options or None)
-    listing = row_group_pieces(schema, pick_field(schema, req.field_name, path), table.file_uris())
+            raise UsageError(f"--delta-version {req.version}: {loc.shown} has versions 0..{latest}")
+    table = open_table(uri, req.version, options)
+    schema = read_schema(uri, req.version, options)
+    spec = pick_field(schema, req.field_name, loc.shown)
+    if loc.local:
+        listing = row_group_pieces(schema, spec, table.file_uris())
+    else:
+        actions = pa.table(table.get_add_actions(flatten=True)).to_pydict()
+        files = [loc.file(p) for p in actions.get("path", [])]
+        sizes = dict(zip(files, (int(n) for n in actions.get("size_bytes", []))))
+        listing = remote_row_group_pieces(schema, spec, files, sizes,
+                                          open_fetcher(loc, req.io_concurrency, req.cache_dir, req.cache_limit))
     listing.version = table.version()
-    check_declared_rows(path, listing, {}, piece_file)
+    check_declared_rows(loc.shown, listing, {}, piece_file)
     return listing

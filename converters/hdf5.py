@@ -21,9 +21,11 @@ import h5py
 import numpy as np
 
 from .errors import TrainfeedError
-from .layout import DATASET_META, ID, LABEL, MANIFEST, DatasetSchema, FieldSpec, checked_schema
+from .layout import DATASET_META, ID, LABEL, DatasetSchema, FieldSpec, checked_schema
 from .options import Columns, Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows, pick_field
+from .location import Location, as_location
 from .parquet import WRITER, read_manifest, write_manifest
+from .remote_io import Fetcher, RangeFile, open_fetcher
 from .sources import Sample
 
 FORMAT = name = "hdf5"
@@ -248,11 +250,13 @@ def _close_all(files: list[_File], schema: DatasetSchema | None) -> None:
 
 def is_store(path) -> bool:
     """An HDF5 file, or a folder whose manifest says hdf5 (what a reader should open as HDF5)."""
-    path = Path(path)
-    if path.is_file():
-        return h5py.is_hdf5(path)
+    loc = as_location(path)
+    if loc.local and Path(loc.path).is_file():
+        return h5py.is_hdf5(loc.path)
+    if not loc.local and is_single_file(loc.path):
+        return loc.is_file()
     try:
-        read_manifest(path, FORMAT)
+        read_manifest(loc, FORMAT)
     except ValueError:
         return False
     return True
@@ -270,39 +274,68 @@ def written_by_trainfeed(file) -> bool:
     return marked and isinstance(writer, str) and writer.startswith("trainfeed ")
 
 
+class Opener:
+    """Opens a store's HDF5 files: local paths as they are, objects on storage as a RangeFile
+    (h5py reads through it: metadata in blocks, a piece's slice prefetched in one fetch)."""
+
+    def __init__(self, fetcher: Fetcher | None = None, sizes: dict[str, int] | None = None):
+        self.fetcher, self.sizes = fetcher, sizes or {}
+
+    @classmethod
+    def at(cls, loc: Location, req: ReadRequest = ReadRequest()) -> "Opener":
+        if loc.local:
+            return cls()
+        sizes = {loc.path: loc.fs.size(loc.path)} if loc.is_file() else loc.sizes()
+        return cls(open_fetcher(loc, req.io_concurrency, req.cache_dir, req.cache_limit), sizes)
+
+    def open(self, f: str) -> tuple[h5py.File, RangeFile | None]:
+        if self.fetcher is None:
+            return h5py.File(f, "r"), None
+        if f not in self.sizes:
+            raise TrainfeedError(f"{f}: listed by the store but not found on the storage: the store is incomplete "
+                                 "or was changed while being opened")
+        file = RangeFile(self.fetcher, f, self.sizes[f])
+        return h5py.File(file, "r"), file
+
+
+def _single(loc: Location) -> bool:
+    return Path(loc.path).is_file() if loc.local else loc.is_file()
+
+
 def data_files(path) -> list[str]:
-    path = Path(path)
-    if path.is_file():
-        return [str(path)]
-    return [str(path / s["file"]) for s in read_manifest(path, FORMAT)["parts"]]
+    loc = as_location(path)
+    if _single(loc):
+        return [loc.path]
+    return [loc.file(s["file"]) for s in read_manifest(loc, FORMAT)["parts"]]
 
 
-def read_schema(path) -> DatasetSchema:
+def read_schema(path, opener: Opener | None = None) -> DatasetSchema:
     """The dataset schema: the single file's root attribute, or the shards' manifest."""
-    path = Path(path)
-    if not path.is_file():
-        return DatasetSchema.from_dict(read_manifest(path, FORMAT)["schema"])
+    loc = as_location(path)
+    if not _single(loc):
+        return DatasetSchema.from_dict(read_manifest(loc, FORMAT)["schema"])
     try:
-        with h5py.File(path, "r") as h5:
+        h5, _ = (opener or Opener.at(loc)).open(loc.path)
+        with h5:
             text = h5.attrs.get(DATASET_META)
     except OSError as exc:
-        raise ValueError(f"{path}: cannot open as HDF5: {exc}") from exc
+        raise ValueError(f"{loc.shown}: cannot open as HDF5: {exc}") from exc
     if text is None:
-        raise ValueError(f"{path}: no {DATASET_META!r} root attribute: not an HDF5 store written by trainfeed")
+        raise ValueError(f"{loc.shown}: no {DATASET_META!r} root attribute: not an HDF5 store written by trainfeed")
     try:
-        return checked_schema(json.loads(text), f"{path} (root attribute {DATASET_META!r})")
+        return checked_schema(json.loads(text), f"{loc.shown} (root attribute {DATASET_META!r})")
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: root attribute {DATASET_META!r} is not valid JSON ({exc})") from exc
+        raise ValueError(f"{loc.shown}: root attribute {DATASET_META!r} is not valid JSON ({exc})") from exc
 
 
-def read_samples(path) -> Iterator[tuple[str, int | None, dict]]:
+def read_samples(path, storage_options: dict | None = None) -> Iterator[tuple[str, int | None, dict]]:
     """Every sample with all its fields, in write order (what ``--verify`` compares): the
     pieces training reads (slices of whole chunks, plain h5py)."""
-    listing = list_pieces(path, ReadRequest())
-    schema = listing.schema
+    listing = list_pieces(as_location(path, storage_options), ReadRequest())
+    schema, opener = listing.schema, listing.extra["opener"]
     handles: dict = {}
     for f, start, stop in listing.pieces:
-        h5 = handles.get(f) or handles.setdefault(f, h5py.File(f, "r"))
+        h5 = handles.get(f) or handles.setdefault(f, opener.open(f)[0])
         ids = [x.decode() if isinstance(x, bytes) else x for x in h5[ID][start:stop]]
         labels = h5[LABEL][start:stop].tolist() if schema.labeled else [None] * len(ids)
         cols = {spec.name: h5[spec.name][start:stop] for spec in schema.fields}
@@ -318,23 +351,25 @@ def read_samples(path) -> Iterator[tuple[str, int | None, dict]]:
 def list_pieces(path, req: ReadRequest) -> Pieces:
     """Chunk-aligned slices of every file (whole chunks, >= MIN_PIECE_ROWS samples each),
     checked: datasets of equal length, the schema's shapes, the manifest's counts."""
-    schema = read_schema(path)
-    spec = pick_field(schema, req.field_name, path)
-    files = data_files(path)
+    loc = as_location(path, req.storage_options)
+    opener = Opener.at(loc, req)
+    schema = read_schema(loc, opener)
+    spec = pick_field(schema, req.field_name, loc.shown)
+    files = data_files(loc)
     pieces, rows = [], []
     for f in files:
-        with h5py.File(f, "r") as h5:
+        h5, _ = opener.open(f)
+        with h5:
             n = _rows_in(h5, f, schema)
             chunk = h5[spec.name].chunks[0] if h5[spec.name].chunks else MIN_PIECE_ROWS
         step = max(chunk, (max(MIN_PIECE_ROWS, chunk) // chunk) * chunk)
         for start in range(0, n, step):
             pieces.append((f, start, min(n, start + step)))
             rows.append(min(n, start + step) - start)
-    listing = Pieces(schema, spec, pieces, rows, files)
-    manifest = Path(path) / MANIFEST
-    declared = {str(Path(path) / s["file"]): s.get("rows") for s in read_manifest(path, FORMAT)["parts"]} \
-        if manifest.is_file() else {}
-    check_declared_rows(path, listing, declared, piece_file)
+    listing = Pieces(schema, spec, pieces, rows, files, extra={"opener": opener, "sizes": opener.sizes})
+    declared = {} if _single(loc) else \
+        {loc.file(s["file"]): s.get("rows") for s in read_manifest(loc, FORMAT)["parts"]}
+    check_declared_rows(loc.shown, listing, declared, piece_file)
     return listing
 
 
@@ -366,13 +401,15 @@ def read_piece(listing: Pieces, piece: tuple[str, int, int], handles: dict, empt
     """One contiguous slice of each dataset. ``handles``: open files kept by the caller (one
     dict per reading thread). ``empty(shape, dtype)``: where a raw tensor slice is read into."""
     f, start, stop = piece
-    h5 = handles.get(f)
-    if h5 is None:
-        h5 = handles[f] = h5py.File(f, "r")
+    if f not in handles:
+        handles[f] = listing.extra["opener"].open(f)
+    h5, remote = handles[f]
+    ds = h5[listing.spec.name]
+    if remote is not None and listing.spec.is_raw:
+        remote.prefetch(*_slice_span(ds, start, stop))
     ids = [x.decode() if isinstance(x, bytes) else x for x in h5[ID][start:stop]]
     y = h5[LABEL][start:stop].astype(np.int64, copy=False) if listing.schema.labeled \
         else np.full(stop - start, -1, np.int64)
-    ds = h5[listing.spec.name]
     if not listing.spec.is_raw:
         return Columns(ids, y, ds[start:stop])
     stop = min(stop, ds.shape[0])  # a file cut short reads short, as a slice would (readers check the count)
@@ -382,7 +419,29 @@ def read_piece(listing: Pieces, piece: tuple[str, int, int], handles: dict, empt
     return Columns(ids, y, x)
 
 
+def _slice_span(ds: h5py.Dataset, start: int, stop: int) -> tuple[int, int]:
+    """The bytes of ``ds[start:stop]`` in its file (from its first to its last chunk: trainfeed
+    writes chunks in order); (0, 0) when unknown, and the slice is then read block by block."""
+    stop = min(stop, ds.shape[0])
+    if stop <= start:
+        return (0, 0)
+    if ds.chunks is None:
+        offset = ds.id.get_offset()
+        row = ds.dtype.itemsize * int(np.prod(ds.shape[1:], dtype=np.int64))
+        return (offset + start * row, offset + stop * row) if offset is not None else (0, 0)
+    rest = (0,) * (len(ds.shape) - 1)
+    c = ds.chunks[0]
+    first = ds.id.get_chunk_info_by_coord((start // c * c, *rest))
+    last = ds.id.get_chunk_info_by_coord(((stop - 1) // c * c, *rest))
+    if first.byte_offset is None or last.byte_offset is None:
+        return (0, 0)
+    lo, hi = min(first.byte_offset, last.byte_offset), max(first.byte_offset + first.size, last.byte_offset + last.size)
+    return (lo, hi) if hi - lo <= 4 * (stop - start) * ds.dtype.itemsize * int(np.prod(ds.shape[1:])) + (1 << 20) \
+        else (0, 0)
+
+
 def read_labels(listing: Pieces) -> Iterator[np.ndarray]:
     for f in listing.files:
-        with h5py.File(f, "r") as h5:
+        h5, _ = listing.extra["opener"].open(f)
+        with h5:
             yield h5[LABEL][:].astype(np.int64) if listing.schema.labeled else np.full(h5[ID].shape[0], -1, np.int64)

@@ -61,6 +61,21 @@ class Location:
     def child(self, name: str) -> "Location":
         return Location(self.url_of(name), self.fs, self.file(name), self.storage_options)
 
+    def exists(self, name: str = "") -> bool:
+        return self.fs.exists(self.file(name) if name else self.path)
+
+    def is_file(self) -> bool:
+        return self.fs.isfile(self.path)
+
+    def read_bytes(self, name: str) -> bytes:
+        """The whole of ``name`` in this folder; FileNotFoundError if it is not there."""
+        return self.fs.cat_file(self.file(name))
+
+    def sizes(self) -> dict[str, int]:
+        """Size of every object directly in this folder, by path (one listing request)."""
+        return {e["name"].rstrip("/"): int(e.get("size") or 0) for e in self.fs.ls(self.path, detail=True)
+                if e.get("type") != "directory"}
+
     def delta_uri(self) -> str:
         """The table URI for delta-rs: the local path, or the URL of the storage itself (a wrapper
         filesystem names the one beneath it)."""
@@ -87,6 +102,11 @@ def locate(url, storage_options: dict | None = None) -> Location:
         return Location(path, fsspec.filesystem("file"), path, options)
     fs, path = open_fs(text, options)
     return Location(text, fs, path.rstrip("/"), options)
+
+
+def as_location(path, storage_options: dict | None = None) -> Location:
+    """``path`` if it is a Location already, else ``locate(path, storage_options)``."""
+    return path if isinstance(path, Location) else locate(path, storage_options)
 
 
 # ------------------------------------------------------------------ delta-rs credentials

@@ -17,10 +17,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import __version__
+from .errors import TrainfeedError
 from .layout import (ID, LABEL, MANIFEST, DatasetSchema, FieldSpec, arrow_schema, checked_schema, from_record_batch,
                      is_count, to_record_batch)
 from .options import (Columns, Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows, labels_array,
                       pick_field)
+from .location import as_location
+from .remote_io import Fetcher, RangeFile, open_fetcher
 from .sources import Sample
 
 FORMAT = name = "parquet"
@@ -153,17 +156,21 @@ def is_store(path: Path) -> bool:
 
 
 def read_manifest(path, fmt: str | None = FORMAT) -> dict:
-    """The validated manifest of the store at ``path``; ValueError naming the file if it is
-    missing, unreadable or not what trainfeed writes. ``fmt=None`` accepts any format."""
-    file = Path(path) / MANIFEST
+    """The validated manifest of the store at ``path`` (a local path or a Location); ValueError
+    naming the file if it is missing, unreadable or not what trainfeed writes. ``fmt=None``
+    accepts any format."""
+    loc = as_location(path)
+    file = f"{loc.shown}/{MANIFEST}"
+    raw = b""
     try:
-        manifest = json.loads(file.read_text())
+        raw = loc.read_bytes(MANIFEST)
+        manifest = json.loads(raw)
     except FileNotFoundError as exc:
-        raise ValueError(f"{path}: no {MANIFEST}: not a complete trainfeed {fmt or 'Parquet or HDF5'} store") from exc
+        raise ValueError(f"{loc.shown}: no {MANIFEST}: not a complete trainfeed {fmt or 'Parquet or HDF5'} store") from exc
     except OSError as exc:
         raise ValueError(f"{file}: cannot read: {exc.strerror or exc}") from exc
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{file}: not valid JSON ({'empty file' if not file.stat().st_size else exc})") from exc
+        raise ValueError(f"{file}: not valid JSON ({'empty file' if not raw else exc})") from exc
     if not isinstance(manifest, dict):
         raise ValueError(f"{file}: holds a JSON {type(manifest).__name__}, not the manifest object")
     found = manifest.get("format")
@@ -190,35 +197,40 @@ def _check_parts(parts: Any, file: Path) -> None:
 
 def data_files(path) -> list[str]:
     """The store's part files in write order (the manifest lists exactly the committed parts)."""
-    return [str(Path(path) / p["file"]) for p in read_manifest(path)["parts"]]
+    loc = as_location(path)
+    return [loc.file(p["file"]) for p in read_manifest(loc)["parts"]]
 
 
 def read_schema(path) -> DatasetSchema:
     return DatasetSchema.from_dict(read_manifest(path)["schema"])
 
 
-def read_samples(path) -> Iterator[tuple[str, int | None, dict]]:
+def read_samples(path, storage_options: dict | None = None) -> Iterator[tuple[str, int | None, dict]]:
     """Every sample with all its fields, in write order (what ``--verify`` compares): the
     pieces training reads, one row group at a time (plain pyarrow, no Petastorm)."""
-    return row_group_samples(list_pieces(path, ReadRequest()))
+    return row_group_samples(list_pieces(as_location(path, storage_options), ReadRequest()))
 
 
 def row_group_samples(listing: Pieces) -> Iterator[tuple[str, int | None, dict]]:
     handles: dict = {}
     for f, rg in listing.pieces:
-        pf = handles.get(f) or handles.setdefault(f, pq.ParquetFile(f))
-        yield from from_record_batch(pf.read_row_group(rg), listing.schema)
+        yield from from_record_batch(_parquet_file(listing, f, handles).read_row_group(rg), listing.schema)
 
 
 # ------------------------------------------------------------------ read side (shared with Delta)
 
 def list_pieces(path, req: ReadRequest) -> Pieces:
     """Every row group of the manifest's parts, file by file, checked against the manifest's counts."""
-    manifest = read_manifest(path)
+    loc = as_location(path, req.storage_options)
+    manifest = read_manifest(loc)
     schema = DatasetSchema.from_dict(manifest["schema"])
-    listing = row_group_pieces(schema, pick_field(schema, req.field_name, path), data_files(path))
-    declared = {str(Path(path) / part["file"]): part.get("rows") for part in manifest["parts"]}
-    check_declared_rows(path, listing, declared, piece_file)
+    spec = pick_field(schema, req.field_name, loc.shown)
+    files = [loc.file(p["file"]) for p in manifest["parts"]]
+    listing = row_group_pieces(schema, spec, files) if loc.local else \
+        remote_row_group_pieces(schema, spec, files, loc.sizes(), open_fetcher(loc, req.io_concurrency, req.cache_dir,
+                                                                               req.cache_limit))
+    declared = {loc.file(part["file"]): part.get("rows") for part in manifest["parts"]}
+    check_declared_rows(loc.shown, listing, declared, piece_file)
     return listing
 
 
@@ -232,6 +244,65 @@ def row_group_pieces(schema: DatasetSchema, spec: FieldSpec, files: list[str]) -
     return Pieces(schema, spec, pieces, rows, files)
 
 
+@dataclass
+class RemoteParts:
+    """What reading Parquet files on object storage needs: the fetcher and each file's size
+    and footer (read once, when the store is opened)."""
+
+    fetcher: Fetcher
+    sizes: dict[str, int]
+    footers: dict[str, pq.FileMetaData]
+
+    def open(self, f: str, span: tuple[int, int] | None = None) -> pq.ParquetFile:
+        file = RangeFile(self.fetcher, f, self.sizes[f])
+        if span:
+            file.prefetch(*span)
+        return pq.ParquetFile(file, metadata=self.footers[f])
+
+
+def remote_row_group_pieces(schema: DatasetSchema, spec: FieldSpec, files: list[str], sizes: dict[str, int],
+                            fetcher: Fetcher) -> Pieces:
+    """``row_group_pieces`` for files on object storage: the footers are read concurrently (one
+    or two range requests each), the sizes come from the caller's listing."""
+    missing = [f for f in files if f not in sizes]
+    if missing:
+        raise TrainfeedError(f"{missing[0]}: listed by the store but not found on the storage ({len(missing)} "
+                             "missing): the store is incomplete or was changed while being opened")
+    with ThreadPoolExecutor(fetcher.io_concurrency) as pool:
+        footers = dict(zip(files, pool.map(lambda f: pq.read_metadata(RangeFile(fetcher, f, sizes[f])), files)))
+    pieces, rows = [], []
+    for f in files:
+        for rg in range(footers[f].num_row_groups):
+            pieces.append((f, rg))
+            rows.append(footers[f].row_group(rg).num_rows)
+    return Pieces(schema, spec, pieces, rows, files, extra={"remote": RemoteParts(fetcher, sizes, footers), "sizes": sizes})
+
+
+def row_group_span(meta: pq.FileMetaData, rg: int, columns: list[str]) -> tuple[int, int]:
+    """The bytes holding ``columns`` of row group ``rg``: one range covers them (they are
+    adjacent in the file), so a piece is one concurrent fetch instead of a request per page."""
+    group, lo, hi = meta.row_group(rg), None, None
+    for j in range(group.num_columns):
+        col = group.column(j)
+        if col.path_in_schema.split(".")[0] not in columns:
+            continue
+        start = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
+        lo = start if lo is None else min(lo, start)
+        hi = start + col.total_compressed_size if hi is None else max(hi, start + col.total_compressed_size)
+    return (lo or 0, hi or 0)
+
+
+def _parquet_file(listing: Pieces, f: str, handles: dict, columns: list[str] | None = None,
+                  rg: int | None = None) -> pq.ParquetFile:
+    """A ParquetFile for reading row group ``rg`` of ``f``: local files are kept open in
+    ``handles``; on object storage the row group's bytes are fetched first, in one go."""
+    remote: RemoteParts | None = listing.extra.get("remote")
+    if remote is None:
+        return handles.get(f) or handles.setdefault(f, pq.ParquetFile(f))
+    span = row_group_span(remote.footers[f], rg, columns) if rg is not None and columns else None
+    return remote.open(f, span)
+
+
 def piece_file(piece: tuple[str, int]) -> str:
     return piece[0]
 
@@ -241,8 +312,9 @@ def read_piece(listing: Pieces, piece: tuple[str, int], handles: dict, empty=np.
     values have the same length, so the buffer is the stacked tensors). ``handles``: open
     files kept by the caller (one dict per reading thread). ``empty``: unused (Arrow allocates)."""
     f, rg = piece
-    pf = handles.get(f) or handles.setdefault(f, pq.ParquetFile(f))
-    return table_columns(pf.read_row_group(rg, columns=[ID, LABEL, listing.spec.name]), listing.spec)
+    columns = [ID, LABEL, listing.spec.name]
+    return table_columns(_parquet_file(listing, f, handles, columns, rg).read_row_group(rg, columns=columns),
+                         listing.spec)
 
 
 def table_columns(table: pa.Table, spec: FieldSpec) -> Columns:
@@ -262,5 +334,5 @@ def table_columns(table: pa.Table, spec: FieldSpec) -> Columns:
 def read_labels(listing: Pieces) -> Iterator[np.ndarray]:
     """The label column of each data file (-1 where unlabeled)."""
     for f in listing.files:
-        column = pq.ParquetFile(f).read(columns=[LABEL]).column(LABEL).combine_chunks()
+        column = _parquet_file(listing, f, {}).read(columns=[LABEL]).column(LABEL).combine_chunks()
         yield labels_array(column.to_numpy(zero_copy_only=False))

@@ -24,6 +24,7 @@ import h5py
 
 from . import blob, delta, hdf5, parquet
 from .layout import MANIFEST
+from .location import as_location
 
 FORMATS: dict[str, ModuleType] = {m.name: m for m in (parquet, delta, hdf5, blob)}
 #: The formats convert writes (``--to``).
@@ -31,17 +32,17 @@ WRITABLE: list[str] = [name for name, m in FORMATS.items() if m.writable]
 _NAMES = {"parquet": "a Parquet store", "delta": "a Delta table", "hdf5": "an HDF5 store"}
 
 
-def detect_format(path) -> str | None:
-    """'delta', 'parquet' or 'hdf5' for a store at ``path`` (what a reader should open it as);
-    None if it is not one. ``identify`` says whether trainfeed wrote it."""
-    path = Path(path)
-    if not path.exists():
+def detect_format(path, storage_options: dict | None = None) -> str | None:
+    """'delta', 'parquet' or 'hdf5' for a store at ``path`` (a local path, URL or Location: what
+    a reader should open it as); None if it is not one. ``identify`` says whether trainfeed wrote it."""
+    loc = as_location(path, storage_options)
+    if loc.local and not Path(loc.path).exists():
         return None
-    if delta.is_store(path):
+    if delta.is_store(loc):
         return "delta"
-    if hdf5.is_store(path):
+    if hdf5.is_store(loc):
         return "hdf5"
-    if parquet.is_store(path):
+    if parquet.is_store(loc):
         return "parquet"
     return None
 

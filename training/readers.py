@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import posixpath
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
+from trainfeed.converters import remote_io
 from trainfeed.converters.errors import TrainfeedError, UsageError
+from trainfeed.converters.location import is_remote, locate
 from trainfeed.converters.layout import DatasetSchema, FieldSpec
 from trainfeed.converters.options import ReadRequest
 from trainfeed.converters.stores import FORMATS as REGISTRY, detect_format
@@ -47,6 +50,10 @@ class ReaderOptions:
     labels_csv: str | None = None  # blob stores: labels as convert takes them
     storage_options: dict = field(default_factory=dict)
     drop_last: bool = True
+    # stores on object storage: range requests in flight, and an optional local disk cache
+    io_concurrency: int = remote_io.DEFAULT_IO_CONCURRENCY
+    cache_dir: str | None = None
+    cache_limit: int = 10 * 10**9
 
 
 @dataclass
@@ -72,6 +79,7 @@ class Store:
     piece_rows: list[int]
     version: int | None = None
     extra: dict = field(default_factory=dict)
+    local: bool = True  # False: on object storage (read through range requests)
 
     @property
     def samples(self) -> int:
@@ -89,33 +97,43 @@ class Store:
         return sum(self.piece_rows[i] for i in self.shard_pieces(shard, num_shards))
 
 
-def detect(path: str) -> str:
-    fmt = detect_format(path.removeprefix("file://")) if "://" not in path or path.startswith("file://") else None
-    return fmt or "blob"
+def detect(path: str, storage_options: dict | None = None) -> str:
+    """The format of the store at ``path`` (local or URL); "blob" when it is not a store."""
+    return detect_format(path, storage_options) or "blob"
 
 
 def open_store(path: str, fmt: str | None = None, opts: ReaderOptions = ReaderOptions()) -> Store:
-    """Open ``path`` as ``fmt`` (detected when None) and list its pieces."""
-    fmt = fmt or detect(path)
-    if fmt not in REGISTRY:
+    """Open ``path`` (a local path or a URL: abfs://, az://, abfss://, s3://, gs://, file://)
+    as ``fmt`` (detected when None) and list its pieces."""
+    if fmt is not None and fmt not in REGISTRY:
         raise UsageError(f"--format must be one of {', '.join(REGISTRY)}, not {fmt!r}")
     if opts.pool not in POOLS:
         raise UsageError(f"--reader-pool must be one of {', '.join(POOLS)}, not {opts.pool!r}")
+    if opts.io_concurrency < 1:
+        raise UsageError(f"--io-concurrency must be at least 1, not {opts.io_concurrency}")
+    remote = is_remote(path)
+    fmt = fmt or detect(path, opts.storage_options)
     if opts.delta_version is not None and fmt != "delta":
         raise UsageError(f"--delta-version applies to Delta tables only; {path} is a {fmt} store")
+    if remote and opts.pool != "arrow" and fmt in ("parquet", "delta"):
+        raise UsageError(f"--reader-pool {opts.pool}: Petastorm reads local stores only; stores on object storage "
+                         "are read by the default pool, arrow")
     module = REGISTRY[fmt]
-    local = path.removeprefix("file://")
-    if module.writable and not Path(local).exists():
-        raise TrainfeedError(f"{path}: store not found")
-    request = ReadRequest(opts.field_name, opts.delta_version, opts.labels_csv, opts.storage_options)
+    location = locate(path, opts.storage_options)
+    if module.writable and not location.exists():
+        raise TrainfeedError(f"{location.shown}: store not found")
+    request = ReadRequest(opts.field_name, opts.delta_version, opts.labels_csv, opts.storage_options,
+                          opts.io_concurrency, opts.cache_dir, opts.cache_limit)
     try:
-        listing = module.list_pieces(path if fmt == "blob" else local, request)
+        listing = module.list_pieces(path if fmt == "blob" else location, request)
     except TrainfeedError:
         raise
     except (OSError, ValueError, KeyError) as exc:
-        raise TrainfeedError(f"{path}: cannot open as a {fmt} store: {exc}") from exc
-    return Store(local if module.writable else path, fmt, listing.schema, listing.spec, listing.pieces, listing.rows,
-                 listing.version, {**listing.extra, "files": listing.files, "listing": listing})
+        raise TrainfeedError(f"{location.shown}: cannot open as a {fmt} store: {exc}") from exc
+    store_path = path if remote or not module.writable else location.path
+    return Store(store_path, fmt, listing.schema, listing.spec, listing.pieces, listing.rows, listing.version,
+                 {**listing.extra, "files": listing.files, "listing": listing, "root": location.path},
+                 local=not remote)
 
 
 def check_sharding(store: Store, num_shards: int, batch_size: int) -> int:
@@ -157,8 +175,20 @@ def iter_batches(store: Store, opts: ReaderOptions, epoch: int = 0, start_batch:
     for x, y, ids in engine.run_epoch(
             epoch_plan(store, opts, epoch), store.piece_rows,
             lambda i, handles, empty: module.read_piece(listing, store.pieces[i], handles, empty),
-            lambda i: module.piece_file(store.pieces[i]), workers=opts.workers, start_batch=start_batch):
+            lambda i: module.piece_file(store.pieces[i]), workers=reading_threads(store, opts),
+            start_batch=start_batch):
         yield Batch(x, y, ids)
+
+
+def reading_threads(store: Store, opts: ReaderOptions) -> int:
+    """Pieces read at once. Locally: ``workers``. On object storage, enough pieces in flight to
+    keep ``io_concurrency`` range requests busy: one request per small file; a large piece
+    (a row group) is fetched as several concurrent parts of its own."""
+    if store.local:
+        return opts.workers
+    piece_bytes = store.spec.sample_nbytes * store.samples / max(1, len(store.pieces)) if store.spec.sample_nbytes else 0
+    parts = max(1, math.ceil(piece_bytes / remote_io.PART_SIZE))
+    return max(opts.workers, math.ceil(opts.io_concurrency / parts))
 
 
 # ------------------------------------------------------------------ what a store holds
@@ -186,7 +216,7 @@ def _fingerprint(store: Store) -> dict:
     if store.fmt == "blob":
         files = [[f.id, f.size] for f in store.pieces]
     else:
-        files = [_file_entry(store.path, f) for f in store.extra["files"]]
+        files = [_file_entry(store, f) for f in store.extra["files"]]
     digest = hashlib.sha256()
     for labels in store.module.read_labels(store.extra["listing"]):
         digest.update(labels.astype("<i8").tobytes())
@@ -198,10 +228,12 @@ def _fingerprint(store: Store) -> dict:
             "files": files, "content": digest.hexdigest()}
 
 
-def _file_entry(root: str, file: str) -> list:
+def _file_entry(store: Store, file: str) -> list:
+    """[name within the store ("." for a single-file store), size]."""
+    if not store.local:
+        return [posixpath.relpath(file, store.extra["root"]), store.extra["listing"].extra["sizes"][file]]
     local = file.removeprefix("file://")
-    name = os.path.relpath(os.path.abspath(local), os.path.abspath(root))  # "." for a single-file store
-    return [name, os.path.getsize(local)]
+    return [os.path.relpath(os.path.abspath(local), os.path.abspath(store.path)), os.path.getsize(local)]
 
 
 def _first_sample(store: Store, index: int) -> tuple[str, int, np.ndarray]:
