@@ -7,6 +7,7 @@ here are fixed so that tests can look for them in what trainfeed prints and writ
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -111,10 +112,8 @@ def _answers(endpoint: str) -> bool:
 
 def start(port: int | None = None, workdir: Path | None = None, timeout: float = 30.0) -> S3Server:
     """Start moto's S3 server on 127.0.0.1; fails clearly if the port is taken or moto is missing."""
-    try:
-        import moto.server  # noqa: F401
-    except ImportError as exc:
-        raise S3ServerError("moto's server is not installed: pip install 'moto[server]' (the dev extra)") from exc
+    if importlib.util.find_spec("moto") is None or importlib.util.find_spec("flask") is None:
+        raise S3ServerError("moto's server is not installed: pip install 'moto[server]' (the dev extra)")
     if port is not None and port_open(port):
         raise S3ServerError(f"port {port} on 127.0.0.1 is already in use; choose another (or omit it for a free one)")
     port = port or free_port()
