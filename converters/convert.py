@@ -2,18 +2,20 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePath, PurePosixPath
 from typing import Callable, Iterator
 
-from . import delta
+from . import delta, publish
 from .commit import DestinationLock, Staging
 from .interrupt import SafeInterrupts
 from .errors import SampleError, TrainfeedError, UsageError
 from .labels import Labels, resolve_labels
 from .layout import DatasetSchema
+from .location import Location, as_location, is_remote, locate
 from .options import WriteOptions, WriteResult, check_compression
 from .redact import redact_json, redact_url
 from .samples import SchemaGuard, load_sample, ordered_map
@@ -59,8 +61,6 @@ def check_config(cfg: ConvertConfig) -> None:
         raise UsageError(f"--vacuum-hours must be 0 or more, not {cfg.vacuum_hours}")
     if cfg.workers < 1:
         raise UsageError("--workers must be at least 1")
-    if "://" in cfg.dst and not cfg.dst.startswith("file://"):
-        raise UsageError(f"{cfg.dst}: remote destinations are not supported yet; write locally and upload the store")
 
 
 def destination_path(dst: str) -> Path:
@@ -69,26 +69,41 @@ def destination_path(dst: str) -> Path:
     return Path(os.path.realpath(dst.removeprefix("file://")))
 
 
-def check_apart(src: str, dst: Path) -> None:
-    """Usage error if a local SRC and DST overlap: writing the store would replace or alter
-    the files it is made from."""
-    if "://" in src and not src.startswith("file://"):
+def check_apart(src: str, dst) -> None:
+    """Usage error if SRC and DST (a local path or a Location) overlap: writing the store would
+    replace or alter the files it is made from. Locations on object storage overlap when they
+    are on the same storage and one path holds the other."""
+    if isinstance(dst, Location) and not dst.local:
+        if not is_remote(src):
+            return
+        source = locate(src, dst.storage_options)
+        if type(source.fs) is not type(dst.fs):
+            return
+        _check_apart(PurePosixPath("/" + source.path), PurePosixPath("/" + dst.path), dst.shown, source.shown)
         return
+    if is_remote(src):
+        return
+    dst = Path(dst.path if isinstance(dst, Location) else dst)
     source = Path(os.path.realpath(src.removeprefix("file://")))
+    _check_apart(source, dst, str(dst), str(source))
+
+
+def _check_apart(source: PurePath, dst: PurePath, dst_shown: str, source_shown: str) -> None:
     if source == dst:
-        raise UsageError(f"{dst}: is the source folder itself; write the store somewhere else")
+        raise UsageError(f"{dst_shown}: is the source folder itself; write the store somewhere else")
     if source in dst.parents:
-        raise UsageError(f"{dst}: is inside the source folder {source}; write the store outside it")
+        raise UsageError(f"{dst_shown}: is inside the source folder {source_shown}; write the store outside it")
     if dst in source.parents:
-        raise UsageError(f"{dst}: holds the source folder {source}, which writing here would replace; "
+        raise UsageError(f"{dst_shown}: holds the source folder {source_shown}, which writing here would replace; "
                          "write the store somewhere else")
 
 
-def check_destination(dst: Path, mode: str) -> str | None:
+def check_destination(path, mode: str) -> str | None:
     """Refuse to touch what must not be touched: only a store trainfeed wrote (or an empty
     folder) is replaced, only a Delta table trainfeed wrote (or nothing) is appended to.
-    Returns the format of the trainfeed store at ``dst``, if any."""
-    found = identify(dst)
+    ``path``: a local path or a Location. Returns the format of the trainfeed store there, if any."""
+    found = identify(path)
+    dst = as_location(path).shown
     if found is None:
         return None  # append to nothing creates the table
     if mode == "append":
@@ -127,7 +142,7 @@ def _kind_of_labels(labeled: bool, label_map: dict | None) -> str:
     return "class-name labels" if label_map else "integer labels" if labeled else "no labels"
 
 
-def _labels_for_append(dst: Path, table: DatasetSchema, labels: Labels) -> Labels:
+def _labels_for_append(dst: str, table: DatasetSchema, labels: Labels) -> Labels:
     """The new samples' labels in the table's numbering: a class the table knows keeps its
     number, a new class gets the next free one. Samples with and without labels, or with
     class names and with integer labels, never mix in one table."""
@@ -152,12 +167,12 @@ class _Table:
     tensor_column: str
 
 
-def _existing_table(dst: Path) -> _Table:
+def _existing_table(dst: Location) -> _Table:
     try:
         version = delta.open_table(dst).version()
         return _Table(version, delta.read_schema(dst, version), delta.tensor_column(dst))
     except ValueError as exc:
-        raise TrainfeedError(f"{dst}: cannot read the existing table: {exc}") from exc
+        raise TrainfeedError(f"{dst.shown}: cannot read the existing table: {exc}") from exc
 
 
 class _Stream:
@@ -234,18 +249,27 @@ def source_location(url: str) -> str:
     return os.path.abspath(url) if "://" not in url else redact_url(url)
 
 
-def write_rejects_report(dst: Path, rejects: list[dict]) -> str | None:
-    report = dst.parent / (dst.name + REJECTS_SUFFIX)
+def write_rejects_report(path, rejects: list[dict]) -> str | None:
+    """The rejected files as JSON lines beside the store (``DST.rejects.jsonl``, on the same
+    storage); a previous report is removed when nothing was rejected. Returns where it is."""
+    dst = as_location(path)
+    report = dst.path + REJECTS_SUFFIX
+    shown = dst.shown + REJECTS_SUFFIX
     if not rejects:
-        report.unlink(missing_ok=True)
+        if dst.fs.exists(report):
+            dst.fs.rm_file(report)
         return None
-    tmp = report.with_name(report.name + ".tmp")
-    tmp.write_text("".join(redact_json(r) + "\n" for r in rejects))
+    text = "".join(redact_json(r) + "\n" for r in rejects).encode()
+    if not dst.local:
+        dst.fs.pipe_file(report, text)  # one PUT: whole or absent
+        return shown
+    tmp = report + ".tmp"
+    Path(tmp).write_bytes(text)
     os.replace(tmp, report)
-    return str(report)
+    return report
 
 
-def _commit_to_table(dst: Path, version: int, schema: DatasetSchema, batches: Iterator[list[Sample]],
+def _commit_to_table(dst: Location, version: int, schema: DatasetSchema, batches: Iterator[list[Sample]],
                      opts: WriteOptions, check: Callable[[], dict | None]) -> tuple[WriteResult, dict | None]:
     """Overwrite or append to the Delta table at ``dst`` in one commit (a killed run leaves only
     unreferenced files); a failed check restores the version the run started from."""
@@ -257,18 +281,46 @@ def _commit_to_table(dst: Path, version: int, schema: DatasetSchema, batches: It
         raise
 
 
-def _publish_staged(dst: Path, cfg: ConvertConfig, schema: DatasetSchema, batches: Iterator[list[Sample]],
+def _publish_staged(dst: Location, cfg: ConvertConfig, schema: DatasetSchema, batches: Iterator[list[Sample]],
                     check: Callable[[Path, bool], dict | None],
                     check_interrupt: Callable[[], None]) -> tuple[WriteResult, dict | None]:
     """Write a new store beside ``dst``, check it, then publish it there (see commit.Staging);
     Ctrl-C pressed until the moment of publishing publishes nothing."""
-    with Staging(dst, overwrite=cfg.write.mode == "overwrite") as staging:
+    if not dst.local:
+        return _publish_remote(dst, cfg, schema, batches, check, check_interrupt)
+    with Staging(Path(dst.path), overwrite=cfg.write.mode == "overwrite") as staging:
         # a new store in the staging folder: "create", whatever --mode said of the destination
         result = FORMATS[cfg.fmt].write(staging.path, schema, batches, replace(cfg.write, mode="create"))
         verified = check(staging.path, True)
         check_interrupt()
         staging.commit()
-    result.files = [f.replace(str(staging.path), str(dst), 1) for f in result.files]
+    result.files = [f.replace(str(staging.path), dst.path, 1) for f in result.files]
+    return result, verified
+
+
+def _publish_remote(dst: Location, cfg: ConvertConfig, schema: DatasetSchema, batches: Iterator[list[Sample]],
+                    check: Callable[[Location, bool], dict | None],
+                    check_interrupt: Callable[[], None]) -> tuple[WriteResult, dict | None]:
+    """A new store on object storage. Delta: parts uploaded, then one commit (a failed check
+    removes the new table). Parquet, HDF5: written to a local temporary folder, then published
+    with the commit record last (see converters/publish.py)."""
+    overwrite = cfg.write.mode == "overwrite"
+    verify = (lambda loc: check(loc, True)) if cfg.verify else None
+    if cfg.fmt == "delta":
+        result = delta.write(dst, schema, batches, replace(cfg.write, mode="create"))
+        ours = {"_delta_log", *(f.rsplit("/", 1)[-1] for f in result.files)}
+        try:
+            verified = verify(dst) if verify else None
+        except BaseException:
+            publish.remove(dst, sorted(ours))
+            raise
+        publish.remove_stale(dst, keep=ours)
+        return result, verified
+    with tempfile.TemporaryDirectory(prefix="trainfeed-stage-") as tmp:
+        staged = Path(tmp) / dst.name  # keeps a single-file HDF5 store's suffix
+        result = FORMATS[cfg.fmt].write(staged, schema, batches, replace(cfg.write, mode="create"))
+        check_interrupt()
+        result.files, verified = publish.publish(staged, dst, overwrite, verify)
     return result, verified
 
 
@@ -281,17 +333,35 @@ def convert(cfg: ConvertConfig, progress: ProgressFn | None = None,
     and nothing else ever is. One run at a time writes a destination (DestinationLock)."""
     check_config(cfg)
     t0 = time.perf_counter()
+    if is_remote(cfg.dst):
+        return _convert_to_storage(cfg, t0, progress, on_listed)
     dst = destination_path(cfg.dst)
     check_apart(cfg.src, dst)
     try:
         _make_parent(dst)
         with DestinationLock(dst), SafeInterrupts() as interrupts:
-            return _convert(cfg, dst, t0, progress, on_listed, interrupts.check)
+            return _convert(cfg, locate(dst), t0, progress, on_listed, interrupts.check)
     except OSError as exc:  # source errors arrive as TrainfeedErrors: this is DST's filesystem
         raise _write_error(dst, exc) from exc
 
 
-def _convert(cfg: ConvertConfig, dst: Path, t0: float, progress: ProgressFn | None,
+def _convert_to_storage(cfg: ConvertConfig, t0: float, progress: ProgressFn | None,
+                        on_listed: Callable[[int, int], None] | None) -> dict:
+    """``convert`` to a URL. No lock file: object stores offer none that every one of them
+    honours (see converters/publish.py for what concurrent writers get)."""
+    dst = locate(cfg.dst, cfg.storage_options)
+    check_apart(cfg.src, dst)
+    try:
+        with SafeInterrupts() as interrupts:
+            return _convert(cfg, dst, t0, progress, on_listed, interrupts.check)
+    except (TrainfeedError, UsageError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # the storage's own errors (HTTP, credentials, network)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise TrainfeedError(f"{dst.shown}: cannot write to the storage: {type(exc).__name__}: {first}") from exc
+
+
+def _convert(cfg: ConvertConfig, dst: Location, t0: float, progress: ProgressFn | None,
              on_listed: Callable[[int, int], None] | None, check_interrupt: Callable[[], None]) -> dict:
     existing = check_destination(dst, cfg.write.mode)
     fs, listing = list_source(cfg.src, cfg.storage_options)
@@ -307,7 +377,7 @@ def _convert(cfg: ConvertConfig, dst: Path, t0: float, progress: ProgressFn | No
     table = _existing_table(dst) if cfg.fmt == "delta" and existing == "delta" else None
     appending = table is not None and cfg.write.mode == "append"
     if appending:
-        labels = _labels_for_append(dst, table.schema, labels)
+        labels = _labels_for_append(dst.shown, table.schema, labels)
         cfg.write = replace(cfg.write, tensor_column=table.tensor_column)
     stream = _Stream(cfg, fs, listing, labels, progress, check_interrupt,
                      delta.live_ids(dst, table.version) if appending else None)
@@ -316,11 +386,11 @@ def _convert(cfg: ConvertConfig, dst: Path, t0: float, progress: ProgressFn | No
     # A new store gets a new identity; a Delta table keeps its own across commits.
     schema.store_id = (table.schema.store_id if table else None) or uuid.uuid4().hex
     if appending and table.schema.fields != schema.fields:
-        raise TrainfeedError(f"{dst}: cannot append: table fields {[f.to_dict() for f in table.schema.fields]} "
+        raise TrainfeedError(f"{dst.shown}: cannot append: table fields {[f.to_dict() for f in table.schema.fields]} "
                              f"differ from the new samples' {[f.to_dict() for f in schema.fields]}")
     batches = stream.batches(first, cfg.write.rows_per_group(first.nbytes))
 
-    def check(path: Path, exact: bool) -> dict | None:  # --verify: the written store against its source
+    def check(path, exact: bool) -> dict | None:  # --verify: the written store (Path or Location) against its source
         return verify_store(path, cfg.fmt, fs=fs, listing=listing, labels=labels, image_opts=cfg.image,
                             expected_ids=stream.accepted, exact=exact, workers=cfg.workers) if cfg.verify else None
 
@@ -335,14 +405,13 @@ def _convert(cfg: ConvertConfig, dst: Path, t0: float, progress: ProgressFn | No
     if cfg.vacuum_hours is not None:
         details["vacuumed_files"] = len(delta.vacuum(dst, retention_hours=cfg.vacuum_hours))
     if cfg.optimize or cfg.vacuum_hours is not None:
-        out = delta.open_table(dst)
-        details["version"] = out.version()
-        result.files = out.file_uris()
-        result.bytes_out = sum(os.path.getsize(f.removeprefix("file://")) for f in result.files)
+        now = delta.table_result(dst)
+        details["version"] = now.details["version"]
+        result.files, result.bytes_out = now.files, now.bytes_out
     seconds = time.perf_counter() - t0
     return {
         "format": cfg.fmt,
-        "output": str(dst),
+        "output": dst.shown,
         "source": source_location(cfg.src),
         "mode": cfg.write.mode,
         "samples": len(stream.accepted),

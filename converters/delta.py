@@ -11,7 +11,9 @@ still holds the replaced files until VACUUM.
 from __future__ import annotations
 
 import json
+import tempfile
 import uuid
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -21,10 +23,12 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, create_table_with_add_actions
 
 from .errors import TrainfeedError, UsageError
+from .redact import redact_url
 from .layout import DATASET_META, ID, LABEL, DatasetSchema, arrow_schema, checked_schema, schema_from_arrow
 from .options import Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows, pick_field
-from .location import as_location
-from .parquet import Part, piece_file, remote_row_group_pieces, row_group_pieces, row_group_samples, write_parts
+from .location import Location, as_location
+from .parquet import (Part, ids_in, piece_file, remote_row_group_pieces, row_group_pieces, row_group_samples, upload,
+                      write_parts)
 from .remote_io import open_fetcher
 # A Delta table's files are Parquet: its codecs and its read side are Parquet's.
 from .parquet import COMPRESSION_LEVELS, COMPRESSIONS, DEFAULT_COMPRESSION, UNIT, read_labels, read_piece  # noqa: F401
@@ -53,12 +57,21 @@ def is_store(path) -> bool:
 
 
 def open_table(path, version: int | None = None, storage_options: dict[str, str] | None = None) -> DeltaTable:
+    """The table at a local path or URI (``storage_options`` in delta-rs's names), or at a
+    Location (its own credentials)."""
+    shown = _shown(path)
+    if isinstance(path, Location):
+        path, storage_options = path.delta_uri(), path.delta_options() or None
     try:
         return DeltaTable(str(path), version=version, storage_options=storage_options)
     except TableNotFoundError as exc:
-        raise ValueError(f"{path}: not a Delta table") from exc
+        raise ValueError(f"{shown}: not a Delta table") from exc
     except DeltaError as exc:  # a corrupt or truncated log; delta-rs appends a backtrace
-        raise ValueError(f"{path}/_delta_log: cannot read the Delta log: {str(exc).splitlines()[0]}") from exc
+        raise ValueError(f"{shown}/_delta_log: cannot read the Delta log: {str(exc).splitlines()[0]}") from exc
+
+
+def _shown(path) -> str:
+    return path.shown if isinstance(path, Location) else redact_url(str(path))
 
 
 def _commit_history(table: DeltaTable) -> list[dict]:
@@ -86,7 +99,7 @@ def recorded_schema(path, version: int, storage_options: dict[str, str] | None =
     # newest commits as if they were its own (delta-rs 1.x).
     for commit in _commit_history(open_table(path, storage_options=storage_options)):  # newest first
         if DATASET_META in commit and commit.get("version", -1) <= version:
-            where = f"{path}/_delta_log: commit {commit.get('version')}"
+            where = f"{_shown(path)}/_delta_log: commit {commit.get('version')}"
             try:
                 recorded = json.loads(commit[DATASET_META])
             except (TypeError, json.JSONDecodeError) as exc:
@@ -106,37 +119,67 @@ def _commit_properties(schema: DatasetSchema) -> CommitProperties:
 def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
           *, since_version: int | None = None) -> WriteResult:
     """Write Parquet parts (the same fast writer as ``--to parquet``) into the table folder,
-    then commit them in one Delta transaction. ``opts.mode``: create (``path`` is new),
-    overwrite (a new version whose live files are these; older versions stay for time travel
-    until VACUUM) or append. Until the commit, the new files are invisible to every reader.
+    then commit them in one Delta transaction. ``path``: a local path or a Location on object
+    storage (parts are written to a local temporary folder, uploaded, then committed through
+    delta-rs). ``opts.mode``: create (``path`` is new), overwrite (a new version whose live
+    files are these; older versions stay for time travel until VACUUM) or append. Until the
+    commit, the new files are invisible to every reader; a failed run removes them, a killed
+    one leaves them unreferenced (``--vacuum-hours 0`` removes them).
 
     ``since_version``: for overwrite and append, the version the caller checked the table at.
     Just before committing, the table must still be trainfeed's, and (append) no id written
     here may have been added by a commit after that version (another writer): TrainfeedError,
     nothing committed."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+    loc = as_location(path)
     run = uuid.uuid4().hex[:12]
     written: list[str] = []
-    try:
-        parts = write_parts(path, schema, _noting_ids(batches, written), opts,
-                            part_name=lambda i: f"part-{i:05d}-{run}-c000.parquet")
-        schema.samples = sum(p.rows for p in parts)
-        if opts.mode == "create":
-            create_table(path, parts, schema, opts.tensor_column)
-        else:
-            actions = [_add_action(path, p, schema.labeled) for p in parts]
+    parts: list[Part] = []
+    with _parts_folder(loc) as folder:
+        try:
+            parts = write_parts(folder, schema, _noting_ids(batches, written), opts,
+                                part_name=lambda i: f"part-{i:05d}-{run}-c000.parquet")
+            schema.samples = sum(p.rows for p in parts)
+            if not loc.local:
+                upload(loc, folder, [p.file for p in parts])
+            actions = [_add_action(folder, p, schema.labeled) for p in parts]
             delta_schema = Schema.from_arrow(arrow_schema(schema, opts.tensor_column))
-            table = open_table(path) if since_version is None else \
-                _recheck(path, since_version, written if opts.mode == "append" else [])
-            table.create_write_transaction(actions, mode=opts.mode, schema=delta_schema,
-                                           commit_properties=_commit_properties(schema))
-    except BaseException:
-        for orphan in path.glob(f"part-*-{run}-c000.parquet"):  # never referenced by the log
+            if opts.mode == "create":
+                create_table_with_add_actions(loc.delta_uri(), delta_schema, actions, mode="error",
+                                              storage_options=loc.delta_options() or None,
+                                              commit_properties=_commit_properties(schema))
+            else:
+                table = open_table(loc) if since_version is None else \
+                    _recheck(loc, since_version, written if opts.mode == "append" else [])
+                table.create_write_transaction(actions, mode=opts.mode, schema=delta_schema,
+                                               commit_properties=_commit_properties(schema))
+        except BaseException:
+            _remove_orphans(loc, run)
+            raise
+    return table_result(loc)
+
+
+@contextmanager
+def _parts_folder(loc: Location) -> Iterator[Path]:
+    """Where the parts are written: the table folder itself, or a local temporary folder for a
+    table on object storage (removed afterwards)."""
+    if loc.local:
+        Path(loc.path).mkdir(parents=True, exist_ok=True)
+        yield Path(loc.path)
+        return
+    with tempfile.TemporaryDirectory(prefix="trainfeed-delta-") as tmp:
+        yield Path(tmp)
+
+
+def _remove_orphans(loc: Location, run: str) -> None:
+    """Remove this run's parts (never referenced by the log) after a failed commit."""
+    if loc.local:
+        for orphan in Path(loc.path).glob(f"part-*-{run}-c000.parquet"):
             orphan.unlink(missing_ok=True)
-        raise
-    table = open_table(path)
-    return _result(table, {"version": table.version()})
+        return
+    with suppress(Exception):  # best effort: what stays is unreferenced, and vacuum removes it
+        orphans = loc.fs.glob(loc.file(f"part-*-{run}-c000.parquet"))
+        if orphans:
+            loc.fs.rm(orphans)
 
 
 def _noting_ids(batches: Iterable[list[Sample]], ids: list[str]) -> Iterator[list[Sample]]:
@@ -145,40 +188,37 @@ def _noting_ids(batches: Iterable[list[Sample]], ids: list[str]) -> Iterator[lis
         yield batch
 
 
-def _recheck(path: Path, since_version: int, ids: list[str]) -> DeltaTable:
+def _recheck(loc: Location, since_version: int, ids: list[str]) -> DeltaTable:
     """The table to commit to, checked again: still trainfeed's, and none of ``ids`` added
     by another writer after ``since_version``."""
     try:
-        table = open_table(path)
+        table = open_table(loc)
         marked = _marked(table)
     except ValueError:
         marked = False
     if not marked:
-        raise TrainfeedError(f"{path}: is no longer a Delta table written by trainfeed (it changed while this run "
-                             "was writing); nothing committed")
+        raise TrainfeedError(f"{loc.shown}: is no longer a Delta table written by trainfeed (it changed while this "
+                             "run was writing); nothing committed")
     if ids and table.version() != since_version:
-        clash = set(ids) & ids_added_since(path, table, since_version)
+        clash = set(ids) & ids_added_since(loc, table.version(), since_version)
         if clash:
-            raise TrainfeedError(f"{path}: cannot append: {len(clash)} of these sample ids were added to the table by "
-                                 f"another writer while this run was writing (e.g. {sorted(clash)[:3]}); "
+            raise TrainfeedError(f"{loc.shown}: cannot append: {len(clash)} of these sample ids were added to the "
+                                 f"table by another writer while this run was writing (e.g. {sorted(clash)[:3]}); "
                                  "nothing appended")
     return table
 
 
 def live_ids(path, version: int | None = None) -> set[str]:
     """Every sample id in the table's snapshot at ``version`` (the latest when None)."""
-    return _ids_in(data_files(path, version))
+    listing = list_pieces(as_location(path), ReadRequest(version=version))
+    return ids_in(listing, listing.files)
 
 
-def ids_added_since(path, table: DeltaTable, version: int) -> set[str]:
-    """Ids in ``table``'s live files that were not live at ``version``."""
-    return _ids_in(sorted(set(table.file_uris()) - set(data_files(path, version))))
-
-
-def _ids_in(files: list[str]) -> set[str]:
-    import pyarrow.dataset as ds
-
-    return set(ds.dataset(files, format="parquet").to_table(columns=[ID]).column(ID).to_pylist()) if files else set()
+def ids_added_since(path, version: int, since: int) -> set[str]:
+    """Ids in the live files of ``version`` that were not live at ``since``."""
+    now = list_pieces(as_location(path), ReadRequest(version=version))
+    before = set(list_pieces(as_location(path), ReadRequest(version=since)).files)
+    return ids_in(now, [f for f in now.files if f not in before])
 
 
 def restore(path, version: int) -> None:
@@ -222,6 +262,12 @@ def _sample_nbytes(schema: DatasetSchema) -> int:
     return sum(f.sample_nbytes or 100_000 for f in schema.fields)
 
 
+def table_result(path) -> WriteResult:
+    """The live files of the table at ``path`` now, their bytes and its version."""
+    table = open_table(path)
+    return _result(table, {"version": table.version()})
+
+
 def _result(table: DeltaTable, details: dict) -> WriteResult:
     actions = pa.table(table.get_add_actions(flatten=True)).to_pydict()
     return WriteResult(table.file_uris(), int(sum(actions.get("size_bytes", []))), {**details, "live_files": len(actions.get("path", []))})
@@ -242,7 +288,8 @@ def optimize(path, *, target_size: int, opts: WriteOptions, storage_options: dic
 def vacuum(path, *, retention_hours: int, storage_options: dict[str, str] | None = None) -> list[str]:
     """Delete files no longer referenced by versions younger than ``retention_hours``."""
     table = open_table(path, storage_options=storage_options)
-    return table.vacuum(retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False,
+    # full: also files no commit ever referenced (the parts of a killed run)
+    return table.vacuum(retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False, full=True,
                         commit_properties=_commit_properties(read_schema(path, storage_options=storage_options)))
 
 
@@ -285,13 +332,12 @@ def list_pieces(path, req: ReadRequest) -> Pieces:
     """The row groups of the live snapshot's files (at ``req.version`` if given), from the log;
     on object storage the log is read by delta-rs and the data files through fsspec."""
     loc = as_location(path, req.storage_options)
-    uri, options = loc.delta_uri(), loc.delta_options() or None
     if req.version is not None:
-        latest = open_table(uri, storage_options=options).version()
+        latest = open_table(loc).version()
         if not 0 <= req.version <= latest:
             raise UsageError(f"--delta-version {req.version}: {loc.shown} has versions 0..{latest}")
-    table = open_table(uri, req.version, options)
-    schema = read_schema(uri, req.version, options)
+    table = open_table(loc, req.version)
+    schema = read_schema(loc, req.version)
     spec = pick_field(schema, req.field_name, loc.shown)
     if loc.local:
         listing = row_group_pieces(schema, spec, table.file_uris())

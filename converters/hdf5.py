@@ -263,9 +263,11 @@ def is_store(path) -> bool:
 
 
 def written_by_trainfeed(file) -> bool:
-    """Whether an HDF5 file carries trainfeed's root attributes (a file it cannot open does not)."""
+    """Whether an HDF5 file (a local path or a Location) carries trainfeed's root attributes (a
+    file it cannot open does not)."""
     try:
-        with h5py.File(file, "r") as h5:
+        h5 = Opener.at(file).open(file.path)[0] if isinstance(file, Location) else h5py.File(file, "r")
+        with h5:
             writer = h5.attrs.get("writer")
             marked = DATASET_META in h5.attrs
     except (OSError, ValueError):

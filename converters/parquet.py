@@ -22,7 +22,7 @@ from .layout import (ID, LABEL, MANIFEST, DatasetSchema, FieldSpec, arrow_schema
                      is_count, to_record_batch)
 from .options import (Columns, Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows, labels_array,
                       pick_field)
-from .location import as_location
+from .location import Location, as_location
 from .remote_io import Fetcher, RangeFile, open_fetcher
 from .sources import Sample
 
@@ -139,6 +139,14 @@ def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: Wr
     write_manifest(path, FORMAT, schema, [{"file": p.file, "rows": p.rows} for p in parts])
     files = [str(path / p.file) for p in parts]
     return WriteResult(files, sum(p.size for p in parts), {"row_groups": sum(p.row_groups for p in parts)})
+
+
+def upload(loc: Location, folder: Path, files: list[str], names: list[str] | None = None, workers: int = 8) -> None:
+    """Copy ``files`` from the local ``folder`` into the folder at ``loc`` on object storage
+    (as ``names``, default the same), concurrently; each object appears whole or not at all."""
+    pairs = list(zip(files, names or files))
+    with ThreadPoolExecutor(max(1, min(workers, len(pairs)))) as pool:
+        list(pool.map(lambda pair: loc.fs.put_file(str(folder / pair[0]), loc.file(pair[1])), pairs))
 
 
 def write_manifest(path: Path, fmt: str, schema: DatasetSchema, parts: list[dict], writer: str = WRITER) -> None:
@@ -329,6 +337,11 @@ def table_columns(table: pa.Table, spec: FieldSpec) -> Columns:
     else:
         x = col.flatten().to_numpy(zero_copy_only=False).astype(spec.dtype, copy=False).reshape((n, *spec.shape))
     return Columns(table.column(ID).to_pylist(), labels_array(table.column(LABEL).to_numpy(zero_copy_only=False)), x)
+
+
+def ids_in(listing: Pieces, files: list[str]) -> set[str]:
+    """Every sample id in ``files`` of the listing (the id column only)."""
+    return {i for f in files for i in _parquet_file(listing, f, {}).read(columns=[ID]).column(ID).to_pylist()}
 
 
 def read_labels(listing: Pieces) -> Iterator[np.ndarray]:

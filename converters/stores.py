@@ -24,7 +24,7 @@ import h5py
 
 from . import blob, delta, hdf5, parquet
 from .layout import MANIFEST
-from .location import as_location
+from .location import Location, as_location
 
 FORMATS: dict[str, ModuleType] = {m.name: m for m in (parquet, delta, hdf5, blob)}
 #: The formats convert writes (``--to``).
@@ -62,15 +62,19 @@ def _owned(fmt: str) -> Found:
 
 
 def identify(path) -> Found | None:
-    """What is at ``path``: None when nothing is. Never raises for what it finds: a corrupt
-    marker makes the thing "not a trainfeed store" and says why."""
-    path = Path(path)
+    """What is at ``path`` (a local path or a Location on object storage): None when nothing
+    is. Never raises for what it finds: a corrupt marker makes the thing "not a trainfeed
+    store" and says why."""
+    loc = as_location(path)
+    if not loc.local:
+        return _identify_remote(loc)
+    path = Path(loc.path)
     if not os.path.lexists(path):
         return None
     if path.is_symlink():
         return Found(f"a symbolic link to {os.readlink(path)}")
     if path.is_dir():
-        return _identify_folder(path)
+        return _identify_folder(loc, sum(1 for _ in path.iterdir()))
     if path.is_file():
         return _identify_file(path)
     return Found("a special file (not a regular file or folder) that is not a trainfeed store")
@@ -82,18 +86,30 @@ def _identify_file(path: Path) -> Found:
     return Found(f"a file of {path.stat().st_size:,} bytes that is not a trainfeed store")
 
 
-def _identify_folder(path: Path) -> Found:
-    entries = sum(1 for _ in path.iterdir())
+def _identify_remote(loc: Location) -> Found | None:
+    """``identify`` on object storage: an object, or a "folder" (the objects under a prefix)."""
+    try:
+        info = loc.fs.info(loc.path)
+    except FileNotFoundError:
+        return None
+    if info.get("type") != "directory":
+        if hdf5.written_by_trainfeed(loc):
+            return _owned("hdf5")
+        return Found(f"an object of {int(info.get('size') or 0):,} bytes that is not a trainfeed store")
+    return _identify_folder(loc, len(loc.fs.ls(loc.path)))
+
+
+def _identify_folder(loc: Location, entries: int) -> Found:
     if entries == 0:
         return Found("an empty folder", replaceable=True)
-    if delta.is_store(path):
+    if delta.is_store(loc):
         try:
-            return _owned("delta") if delta.written_by_trainfeed(path) else Found("a Delta table not written by trainfeed")
+            return _owned("delta") if delta.written_by_trainfeed(loc) else Found("a Delta table not written by trainfeed")
         except ValueError as exc:
             return Found(f"a Delta table whose log cannot be read ({exc})")
-    if (path / MANIFEST).exists():
+    if loc.exists(MANIFEST):
         try:
-            return _owned(parquet.read_manifest(path, fmt=None)["format"])
+            return _owned(parquet.read_manifest(loc, fmt=None)["format"])
         except ValueError as exc:
             return Found(f"a folder with an invalid trainfeed manifest ({exc})")
     return Found(f"a folder with {entries} {'entry' if entries == 1 else 'entries'} that is not a trainfeed store")

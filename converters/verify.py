@@ -76,5 +76,5 @@ def verify_store(path, fmt: str, *, fs, listing: Listing, labels: Labels, image_
     if problems:
         shown = "\n  ".join(problems[:_MAX_REPORTED])
         more = f"\n  ... and {len(problems) - _MAX_REPORTED} more" if len(problems) > _MAX_REPORTED else ""
-        raise VerifyError(f"{path}: verification failed:\n  {shown}{more}")
+        raise VerifyError(f"{getattr(path, 'shown', path)}: verification failed:\n  {shown}{more}")
     return {"samples_checked": len(seen), "other_rows": other_rows}

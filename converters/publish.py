@@ -1,0 +1,135 @@
+"""Publish a Parquet or HDF5 store staged on local disk to object storage: the data first,
+the commit record last.
+
+Object stores have no rename, but a single PUT is atomic: an object appears whole or not at
+all. So:
+
+- a folder store (Parquet, sharded HDF5) uploads its parts under names new to this run
+  (``part-00000-<run>.parquet``), then writes ``_trainfeed.json``, the manifest that lists
+  them. Readers take only the parts a manifest lists, so they see the previous store or the
+  new one, never a mix. The parts of the replaced generation (and those a killed run left,
+  never listed) are deleted once the new manifest is in place.
+- a single-file HDF5 store is one PUT (with ``--verify``: first to a hidden name, checked
+  there, then PUT again under its name).
+
+Just before the commit record is written, what is at the destination is checked again: a
+create never replaces what appeared meanwhile, an overwrite replaces only a store trainfeed
+wrote. A failed ``--verify`` puts the previous manifest back. Concurrent writers to one URL
+are not serialized (object stores offer no lock trainfeed could rely on everywhere): the
+manifest written last wins, and each run's store is complete.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from contextlib import suppress
+from pathlib import Path
+from typing import Callable
+
+from .errors import TrainfeedError
+from .layout import MANIFEST
+from .location import Location
+from .parquet import upload
+from .stores import identify
+
+#: The data files trainfeed writes into folder stores: Parquet and HDF5 parts with or without
+#: a run tag, Delta parts (what cleanup may delete, in a folder that is trainfeed's).
+_PART = re.compile(r"(part|shard)-\d{5}(-[0-9a-f]{8})?\.(parquet|h5)|part-\d{5}-[0-9a-f]{12}-c000\.parquet")
+
+Check = Callable[[Location], "dict | None"]
+
+
+def publish(staged: Path, dst: Location, overwrite: bool, verify: Check | None) -> tuple[list[str], dict | None]:
+    """Upload the store at ``staged`` to ``dst``; returns (data file URLs, what ``verify`` said)."""
+    if staged.is_file():
+        return _publish_file(staged, dst, overwrite, verify)
+    return _publish_folder(staged, dst, overwrite, verify)
+
+
+def _names(dst: Location) -> set[str]:
+    """Names of the objects directly under ``dst`` (the object itself if it is one)."""
+    try:
+        if not dst.fs.isdir(dst.path):
+            return {dst.name} if dst.fs.exists(dst.path) else set()
+        return {e.rstrip("/").rsplit("/", 1)[-1] for e in dst.fs.ls(dst.path, detail=False)}
+    except FileNotFoundError:
+        return set()
+
+
+def _recheck(dst: Location, overwrite: bool, ours: set[str] = frozenset()) -> bytes | None:
+    """What is at ``dst`` now, besides this run's own parts, must still be what this run may
+    replace. Returns the manifest in place (put back if the new store fails its check)."""
+    if not _names(dst) - ours:
+        return None
+    found = identify(dst)
+    if not overwrite or found is None or not found.replaceable:
+        what = found.what if found else "new objects"
+        raise TrainfeedError(f"{dst.shown}: the destination changed while this run was writing ({what}); "
+                             "leaving it untouched, nothing published")
+    return dst.read_bytes(MANIFEST) if found.fmt != "delta" and dst.exists(MANIFEST) else None
+
+
+def _publish_folder(staged: Path, dst: Location, overwrite: bool, verify: Check | None
+                    ) -> tuple[list[str], dict | None]:
+    manifest = json.loads((staged / MANIFEST).read_text())
+    run = uuid.uuid4().hex[:8]
+    renamed = {p["file"]: _tagged(p["file"], run) for p in manifest["parts"]}
+    manifest["parts"] = [{**p, "file": renamed[p["file"]]} for p in manifest["parts"]]
+    new = list(renamed.values())
+    try:
+        upload(dst, staged, list(renamed), names=new)
+        previous = _recheck(dst, overwrite, set(new))
+        dst.fs.pipe_file(dst.file(MANIFEST), json.dumps(manifest, indent=1).encode())
+    except BaseException:
+        remove(dst, new)
+        raise
+    try:
+        verified = verify(dst) if verify else None
+    except BaseException:
+        if previous is None:
+            remove(dst, [MANIFEST])
+        else:
+            dst.fs.pipe_file(dst.file(MANIFEST), previous)
+        remove(dst, new)
+        raise
+    remove_stale(dst, keep=set(new) | {MANIFEST})
+    return [dst.url_of(n) for n in new], verified
+
+
+def _publish_file(staged: Path, dst: Location, overwrite: bool, verify: Check | None
+                  ) -> tuple[list[str], dict | None]:
+    verified = None
+    if verify is not None:
+        hidden = f".trainfeed-tmp-{uuid.uuid4().hex[:8]}"
+        trial = Location(dst.url + hidden, dst.fs, dst.path + hidden, dst.storage_options)
+        try:
+            trial.fs.put_file(str(staged), trial.path)
+            verified = verify(trial)
+        finally:
+            with suppress(Exception):
+                trial.fs.rm_file(trial.path)
+    _recheck(dst, overwrite)
+    dst.fs.put_file(str(staged), dst.path)
+    return [dst.url], verified
+
+
+def _tagged(name: str, run: str) -> str:
+    stem, dot, suffix = name.rpartition(".")
+    return f"{stem}-{run}{dot}{suffix}"
+
+
+def remove(dst: Location, names: list[str]) -> None:
+    """Best effort: what stays is never listed by a manifest or a commit, and the next run to
+    this destination removes it."""
+    with suppress(Exception):
+        existing = [dst.file(n) for n in names if dst.exists(n)]
+        if existing:
+            dst.fs.rm(existing, recursive=True)
+
+
+def remove_stale(dst: Location, keep: set[str]) -> None:
+    """In a folder that is trainfeed's, delete the data files, manifest and Delta log that the
+    store now at ``dst`` does not use (the replaced generation or layout, a killed run's
+    leftovers); ``keep``: the names it uses. Only names trainfeed writes are touched."""
+    remove(dst, [n for n in _names(dst) - keep if _PART.fullmatch(n) or n in (MANIFEST, "_delta_log")])
