@@ -13,7 +13,7 @@ PS_VENV  := .venv-petastorm
 PS_PY    := $(PS_VENV)/bin/python
 DEMO     ?= demo-out
 
-.PHONY: install test test-fast demo bench-convert bench-loader clean
+.PHONY: install test test-fast demo bench-convert bench-loader bench-remote clean
 
 install: $(VENV)/.installed $(PS_VENV)/.installed
 
@@ -63,6 +63,11 @@ bench-convert: $(VENV)/.installed
 
 bench-loader: $(VENV)/.installed
 	$(PY) -m trainfeed.benchmarks.loader_bench --out bench-out/loader.jsonl
+
+# JSON lines on stdout (kept in bench-out/remote.jsonl), the summary table on stderr
+bench-remote: $(VENV)/.installed
+	mkdir -p bench-out
+	$(PY) -m trainfeed.benchmarks.remote_bench > bench-out/remote.jsonl
 
 clean:
 	rm -rf $(VENV) $(PS_VENV) $(DEMO) bench-out .pytest_cache build dist

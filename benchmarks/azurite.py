@@ -112,3 +112,35 @@ def start(port: int | None = None, workdir: Path | None = None, timeout: float =
         time.sleep(0.1)
     proc.kill()
     raise AzuriteError(f"Azurite did not start listening on port {port} within {timeout:.0f} s")
+
+
+def main() -> None:
+    """``python -m trainfeed.benchmarks.azurite``: run Azurite in the foreground for trying
+    trainfeed against Azure Blob without an Azure account; prints the storage option to use."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m trainfeed.benchmarks.azurite", description=main.__doc__)
+    parser.add_argument("--port", type=int, default=10000, help="blob service port on 127.0.0.1 (default 10000)")
+    parser.add_argument("--location", help="folder for Azurite's data (default: a temporary folder, removed on exit)")
+    parser.add_argument("--container", default="trainfeed", help="container to create (default trainfeed)")
+    args = parser.parse_args()
+    try:
+        server = start(args.port, Path(args.location) if args.location else None)
+    except AzuriteError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    with server:
+        import fsspec
+
+        fsspec.filesystem("abfs", **server.storage_options).mkdir(args.container, exist_ok=True)
+        print(f"Azurite is listening on {server.endpoint} with container {args.container!r}. Use it with:\n"
+              f"  --storage-option 'connection_string={server.connection_string}'\n"
+              f"or export AZURE_STORAGE_CONNECTION_STRING='{server.connection_string}'\n"
+              "Ctrl-C stops it.", flush=True)
+        try:
+            server.process.wait()
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()

@@ -5,7 +5,7 @@ import json
 import os
 import sys
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import asdict, replace
 from enum import Enum
 from pathlib import Path
 from typing import List, Optional
@@ -29,7 +29,7 @@ app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions
 
 @app.callback()
 def _root() -> None:
-    """Subcommands: generate, run, report, calibrate."""
+    """Subcommands: generate, run, report, calibrate, probe."""
 
 
 def _cuda() -> bool:
@@ -233,6 +233,48 @@ def calibrate(
                       step_seconds={calibration_key(dims, batch_size, width, amp): seconds})
     save_accelerator(acc, out)
     typer.echo(f"{label}: {seconds * 1e3:.1f} ms per step of batch {batch_size} -> {out}")
+
+
+@app.command(help="Measure an object store (or any folder or fsspec URL) the way the latency emulation models "
+                  "one: the request-time distribution of small GETs (p50/p90/p99), single-stream bandwidth of large "
+                  "range reads, and throughput at concurrency 1, 2, 4, ... --max-concurrency. Probe objects are "
+                  "written under URL/_trainfeed-probe-<id>/ and deleted afterwards, also on failure or Ctrl-C. "
+                  "--out saves a profile (kind \"probed\") that --blob-profile and the emulation accept. Progress on "
+                  "stderr, a table (or --json: the profile) on stdout.")
+def probe(
+    url: str = typer.Argument(..., help="Local folder or fsspec URL: abfs://container/prefix, s3://bucket/prefix, "
+                              "emulated:///folder (with --storage-option target=file profile=azure-blob), ..."),
+    storage_option: List[str] = typer.Option([], "--storage-option", help="KEY=VALUE for URL's filesystem "
+                                             "(e.g. connection_string=..., account_name=...)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Profile file to write (JSON)."),
+    name: str = typer.Option("probed", "--name", help="The profile's name."),
+    small_size: str = typer.Option("64KB", "--small-size", help="Size of the small GETs (latency)."),
+    large_size: str = typer.Option("32MB", "--large-size", help="Size of the large range reads (bandwidth); the "
+                                   "concurrency sweep reads ranges of an eighth of it."),
+    samples: int = typer.Option(50, "--samples", help="Small GETs timed, one at a time."),
+    max_concurrency: int = typer.Option(64, "--max-concurrency", help="Highest concurrency of the sweep (powers of 2)."),
+    existing: bool = typer.Option(False, "--existing", help="Read objects already under URL instead of writing "
+                                  "probe objects (read-only credentials)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the profile as JSON."),
+) -> None:
+    from trainfeed.converters.cli_common import parse_storage_options
+    from trainfeed.converters.options import parse_size
+
+    from . import storagesim  # noqa: F401  registers emulated://
+    from .probe import ProbeConfig, summary
+    from .probe import probe as run_probe
+    from .profiles import save_object_store
+
+    with exit_codes():
+        cfg = ProbeConfig(url, parse_storage_options(storage_option), parse_size(small_size, "--small-size"),
+                          parse_size(large_size, "--large-size"), samples, max_concurrency, existing, name)
+        if out is not None and not out.parent.is_dir():
+            raise UsageError(f"--out {out}: folder {out.parent} does not exist")
+        profile = run_probe(cfg, lambda m: typer.echo(redact(m), err=True))
+        if out is not None:
+            save_object_store(profile, out)
+            typer.echo(f"profile written to {out}", err=True)
+        typer.echo(redact_json(asdict(profile)) if as_json else redact(summary(profile)))
 
 
 def main() -> None:

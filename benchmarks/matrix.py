@@ -113,7 +113,7 @@ def blob_source(cfg: MatrixConfig) -> StoreSource:
     profile is set (emulated://, whose options hold the real backend's options)."""
     if not cfg.blob_profile:
         return StoreSource(cfg.src, dict(cfg.storage_options), "blob", cfg.labels_csv)
-    import trainfeed.benchmarks.blobsim  # noqa: F401  registers emulated://
+    import trainfeed.benchmarks.storagesim  # noqa: F401  registers emulated://
 
     target, path = _split_location(cfg.src)
     opts = {"target": target, "profile": cfg.blob_profile, "target_options": dict(cfg.storage_options)}

@@ -93,14 +93,30 @@ def step_seconds(acc: Accelerator, flops_per_step: float, key: str, amp: bool = 
 
 @dataclass(frozen=True)
 class ObjectStore:
-    """Latency model of one GET: first-byte latency, then the payload at per-stream bandwidth,
-    with at most ``max_concurrency`` requests in flight from one client."""
+    """Latency model of one request: first-byte latency, then the payload at per-stream
+    bandwidth, with at most ``max_concurrency`` requests in flight from one client."""
 
     name: str
     first_byte_ms: float
     stream_mb_per_s: float
     max_concurrency: int
     source: str
+    kind: str = "preset"  # "preset" (providers' published figures) or "probed" (`storage-bench probe`)
+    detail: dict | None = None  # probed: latency percentiles, throughput by concurrency, ...
+
+    def request_seconds(self, nbytes: int) -> float:
+        """Modelled duration of one request that returns ``nbytes``."""
+        return self.first_byte_ms / 1e3 + nbytes / (self.stream_mb_per_s * 1e6)
+
+
+def bound_mb_per_s(profile: ObjectStore, connections: int, request_bytes: float) -> float:
+    """The most MB/s a reader issuing requests of ``request_bytes`` on ``connections``
+    connections can get from ``profile``: every connection busy all the time (at most
+    ``max_concurrency`` of them). With ``request_bytes`` = bytes / requests of a real run,
+    it is that run's bytes over its modelled request time packed onto the connections."""
+    if request_bytes <= 0:
+        return 0.0
+    return min(connections, profile.max_concurrency) * request_bytes / profile.request_seconds(request_bytes) / 1e6
 
 
 # Figures from the providers' public performance guidance:
@@ -122,8 +138,27 @@ OBJECT_STORES = {
 }
 
 
-def load_object_store(name: str) -> ObjectStore:
+def load_object_store(name_or_path) -> ObjectStore:
+    """A preset name (azure-blob, s3, lan) or a JSON profile written by `storage-bench probe`."""
+    if isinstance(name_or_path, ObjectStore):
+        return name_or_path
+    key = str(name_or_path).lower()
+    if key in OBJECT_STORES:
+        return OBJECT_STORES[key]
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise UsageError(f"unknown blob profile {str(name_or_path)!r}: choose from {', '.join(OBJECT_STORES)}, "
+                         "or a profile file written by `storage-bench probe`")
     try:
-        return OBJECT_STORES[name.lower()]
-    except KeyError:
-        raise UsageError(f"unknown blob profile {name!r}: choose from {', '.join(OBJECT_STORES)}") from None
+        profile = ObjectStore(**json.loads(path.read_text()))
+        valid = profile.first_byte_ms >= 0 and profile.stream_mb_per_s > 0 and profile.max_concurrency >= 1
+    except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as exc:
+        raise TrainfeedError(f"{path}: malformed object-store profile: {exc}") from exc
+    if not valid:
+        raise TrainfeedError(f"{path}: malformed object-store profile: needs first_byte_ms >= 0, "
+                             "stream_mb_per_s > 0 and max_concurrency >= 1")
+    return profile
+
+
+def save_object_store(profile: ObjectStore, path: Path) -> None:
+    Path(path).write_text(json.dumps(asdict(profile), indent=1) + "\n")

@@ -80,16 +80,20 @@ def _human_summary(s: dict) -> str:
 
 
 @app.command(help="Repack a folder of small sample files (.npy, .npz, JPEG/PNG; local path or fsspec URL "
-                  "such as abfs://container/path) into one compacted Parquet, Delta Lake or HDF5 store. "
+                  "such as abfs://container/path) into one compacted Parquet, Delta Lake or HDF5 store, on local "
+                  "disk or straight onto object storage (DST a URL). "
                   "The store appears at DST only when complete; nothing is left behind on failure. "
                   "Only a store trainfeed wrote is ever replaced or appended to; SRC and DST must not overlap. "
-                  "One run at a time per DST: a second run on the same DST fails at once (lock file "
-                  ".DST.trainfeed-lock beside it). "
+                  "Local DST: one run at a time (a second run on the same DST fails at once; lock file "
+                  ".DST.trainfeed-lock beside it). DST on object storage: data files first, then the commit "
+                  "record (Delta log entry, or the _trainfeed.json manifest), so readers see the old store or the "
+                  "new one; concurrent runs to one URL are not serialized there (the last commit wins). "
                   "Exit codes: 0 ok, 1 data or runtime error, 2 usage error.")
 def main_command(
     src: str = typer.Argument(..., help="Source folder: local path or fsspec URL (abfs://, az://, s3://, gs://)."),
-    dst: str = typer.Argument(..., help="Output store. For hdf5, a name ending in .h5/.hdf5 gives one file, "
-                                        "anything else a folder of shards."),
+    dst: str = typer.Argument(..., help="Output store: a local path or a URL (abfs://, az://, abfss://, s3://, "
+                                        "gs://). For hdf5, a name ending in .h5/.hdf5 gives one file, anything "
+                                        "else a folder of shards."),
     to: Format = typer.Option(..., "--to", help="Target format."),
     labels: Optional[str] = typer.Option(None, "--labels", help="CSV with columns id,label; id is the file's path "
                                          "relative to SRC without extension (e.g. pos/vol_0001). Default: class "
@@ -135,13 +139,17 @@ def main_command(
                                      "nothing. skip: convert the valid files and list the others in "
                                      "DST.rejects.jsonl."),
     verify: bool = typer.Option(False, "--verify", help="Re-read the whole store and compare every sample with its "
-                                "source before publishing it; exit 1 on any difference."),
+                                "source before publishing it; exit 1 on any difference. On object storage the "
+                                "store is read back from there: a Parquet or Delta store once committed (a failed "
+                                "check puts the previous store back), an HDF5 file under a hidden name first."),
     optimize: bool = typer.Option(False, "--optimize", help="delta: compact small files (OPTIMIZE) after writing."),
     vacuum_hours: Optional[int] = typer.Option(None, "--vacuum-hours", help="delta: delete files unreferenced for "
                                                "this many hours, 0 or more (0 drops time travel to older "
-                                               "versions)."),
-    storage_option: List[str] = typer.Option([], "--storage-option", help="KEY=VALUE passed to fsspec for SRC and "
-                                             "--labels (e.g. account_name=..., connection_string=...). "
+                                               "versions, and removes the parts a killed run left)."),
+    storage_option: List[str] = typer.Option([], "--storage-option", help="KEY=VALUE passed to fsspec for SRC, "
+                                             "--labels and DST (e.g. account_name=..., connection_string=..., "
+                                             "key=..., secret=..., endpoint_url=...); a Delta DST gets the same "
+                                             "credentials in delta-rs's names. "
                                              "Repeatable. Credentials also come from the usual environment variables. "
                                              "call_timeout=SECONDS is trainfeed's own: the longest one call to a "
                                              "remote store (folder check, one file's read, the labels file) may "

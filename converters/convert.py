@@ -301,9 +301,10 @@ def _publish_staged(dst: Location, cfg: ConvertConfig, schema: DatasetSchema, ba
 def _publish_remote(dst: Location, cfg: ConvertConfig, schema: DatasetSchema, batches: Iterator[list[Sample]],
                     check: Callable[[Location, bool], dict | None],
                     check_interrupt: Callable[[], None]) -> tuple[WriteResult, dict | None]:
-    """A new store on object storage. Delta: parts uploaded, then one commit (a failed check
-    removes the new table). Parquet, HDF5: written to a local temporary folder, then published
-    with the commit record last (see converters/publish.py)."""
+    """A new store on object storage. Delta: parts uploaded as written, then one commit (a
+    failed check removes the new table). Parquet, HDF5: written to a local temporary folder
+    (each part uploaded as it is complete), then published with the commit record last (see
+    converters/publish.py)."""
     overwrite = cfg.write.mode == "overwrite"
     verify = (lambda loc: check(loc, True)) if cfg.verify else None
     if cfg.fmt == "delta":
@@ -318,9 +319,10 @@ def _publish_remote(dst: Location, cfg: ConvertConfig, schema: DatasetSchema, ba
         return result, verified
     with tempfile.TemporaryDirectory(prefix="trainfeed-stage-") as tmp:
         staged = Path(tmp) / dst.name  # keeps a single-file HDF5 store's suffix
-        result = FORMATS[cfg.fmt].write(staged, schema, batches, replace(cfg.write, mode="create"))
-        check_interrupt()
-        result.files, verified = publish.publish(staged, dst, overwrite, verify)
+        with publish.uploader(dst, staged) as parts:
+            result = FORMATS[cfg.fmt].write(staged, schema, batches, replace(cfg.write, mode="create"), on_part=parts)
+            check_interrupt()
+            result.files, verified = publish.publish(staged, dst, overwrite, verify, parts)
     return result, verified
 
 

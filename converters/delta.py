@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import tempfile
 import uuid
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -27,9 +27,9 @@ from .redact import redact_url
 from .layout import DATASET_META, ID, LABEL, DatasetSchema, arrow_schema, checked_schema, schema_from_arrow
 from .options import Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows, pick_field
 from .location import Location, as_location
-from .parquet import (Part, ids_in, piece_file, remote_row_group_pieces, row_group_pieces, row_group_samples, upload,
-                      write_parts)
+from .parquet import Part, ids_in, piece_file, remote_row_group_pieces, row_group_pieces, row_group_samples, write_parts
 from .remote_io import open_fetcher
+from .upload import Uploader
 # A Delta table's files are Parquet: its codecs and its read side are Parquet's.
 from .parquet import COMPRESSION_LEVELS, COMPRESSIONS, DEFAULT_COMPRESSION, UNIT, read_labels, read_piece  # noqa: F401
 from .sources import Sample
@@ -134,14 +134,14 @@ def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: Wr
     run = uuid.uuid4().hex[:12]
     written: list[str] = []
     parts: list[Part] = []
-    with _parts_folder(loc) as folder:
+    with _parts_folder(loc) as folder, _uploader(loc, folder) as uploader:
         try:
             parts = write_parts(folder, schema, _noting_ids(batches, written), opts,
-                                part_name=lambda i: f"part-{i:05d}-{run}-c000.parquet")
+                                part_name=lambda i: f"part-{i:05d}-{run}-c000.parquet", on_part=uploader)
             schema.samples = sum(p.rows for p in parts)
-            if not loc.local:
-                upload(loc, folder, [p.file for p in parts])
-            actions = [_add_action(folder, p, schema.labeled) for p in parts]
+            if uploader is not None:
+                uploader.finish()
+            actions = [_add_action(p, schema.labeled) for p in parts]
             delta_schema = Schema.from_arrow(arrow_schema(schema, opts.tensor_column))
             if opts.mode == "create":
                 create_table_with_add_actions(loc.delta_uri(), delta_schema, actions, mode="error",
@@ -168,6 +168,11 @@ def _parts_folder(loc: Location) -> Iterator[Path]:
         return
     with tempfile.TemporaryDirectory(prefix="trainfeed-delta-") as tmp:
         yield Path(tmp)
+
+
+def _uploader(loc: Location, folder: Path):
+    """Uploads each part as it is written, for a table on object storage; None locally."""
+    return nullcontext() if loc.local else Uploader(loc, folder)
 
 
 def _remove_orphans(loc: Location, run: str) -> None:
@@ -229,7 +234,7 @@ def restore(path, version: int) -> None:
 
 def create_table(folder: Path, parts: list[Part], schema: DatasetSchema, tensor_column: str) -> None:
     """Commit Parquet ``parts`` already in ``folder`` as version 0 of a new Delta table."""
-    actions = [_add_action(folder, p, schema.labeled) for p in parts]
+    actions = [_add_action(p, schema.labeled) for p in parts]
     create_table_with_add_actions(str(folder), Schema.from_arrow(arrow_schema(schema, tensor_column)), actions,
                                   mode="error", commit_properties=_commit_properties(schema))
 
@@ -243,19 +248,20 @@ def describe_part(folder: Path, name: str) -> Part:
     pf = pq.ParquetFile(folder / name)
     t = pf.read(columns=[ID, LABEL])
     labels = t.column(LABEL)
-    return Part(name, t.num_rows, pf.num_row_groups, (folder / name).stat().st_size, pc.min(t.column(ID)).as_py(),
-                pc.max(t.column(ID)).as_py(), (pc.min(labels).as_py(), pc.max(labels).as_py()))
+    stat = (folder / name).stat()
+    return Part(name, t.num_rows, pf.num_row_groups, stat.st_size, pc.min(t.column(ID)).as_py(),
+                pc.max(t.column(ID)).as_py(), (pc.min(labels).as_py(), pc.max(labels).as_py()),
+                int(stat.st_mtime * 1000))
 
 
-def _add_action(folder: Path, part: Part, labeled: bool) -> AddAction:
+def _add_action(part: Part, labeled: bool) -> AddAction:
     stats = {
         "numRecords": part.rows,
         "minValues": {ID: part.min_id, **({LABEL: part.labels[0]} if labeled else {})},
         "maxValues": {ID: part.max_id, **({LABEL: part.labels[1]} if labeled else {})},
         "nullCount": {ID: 0, LABEL: 0 if labeled else part.rows},
     }
-    mtime_ms = int((folder / part.file).stat().st_mtime * 1000)
-    return AddAction(part.file, part.size, {}, mtime_ms, True, json.dumps(stats))
+    return AddAction(part.file, part.size, {}, part.written_ms, True, json.dumps(stats))
 
 
 def _sample_nbytes(schema: DatasetSchema) -> int:

@@ -199,8 +199,10 @@ class _File:
 
 
 def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
-          *, single_file: bool | None = None) -> WriteResult:
-    """Write every batch; as a single file, or as shards that roll over at the target size."""
+          on_part: Callable[[str], None] | None = None, *, single_file: bool | None = None) -> WriteResult:
+    """Write every batch; as a single file, or as shards that roll over at the target size.
+    ``on_part(name)``: called for each shard once complete (at the end: every shard records
+    the final sample count)."""
     path = Path(path)
     single = is_single_file(path) if single_file is None else single_file
     if not single:
@@ -229,10 +231,13 @@ def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: Wr
             _close_all(files, None)  # an incomplete file gets no trainfeed mark
         raise
     _close_all(files, schema)
+    out = [str(path)] if single else [str(path / s["file"]) for s in shards]
+    result = WriteResult(out, sum(Path(f).stat().st_size for f in out), {"shards": len(out)})
     if not single:
         write_manifest(path, FORMAT, schema, shards)
-    out = [str(path)] if single else [str(path / s["file"]) for s in shards]
-    return WriteResult(out, sum(Path(f).stat().st_size for f in out), {"shards": len(out)})
+        for shard in shards if on_part else ():
+            on_part(shard["file"])
+    return result
 
 
 def _close_all(files: list[_File], schema: DatasetSchema | None) -> None:

@@ -145,6 +145,9 @@ def object_store_options(scheme: str, options: dict) -> dict[str, str]:
             out.update({_S3_NAMES[k]: str(v) for k, v in value.items() if k in _S3_NAMES})
         elif scheme in GCS and key == "token" and isinstance(value, str) and os.path.isfile(value):
             out["google_service_account"] = value
+    if scheme in AZURE and not out and os.environ.get("AZURE_STORAGE_CONNECTION_STRING"):
+        # adlfs reads this variable itself; delta-rs does not
+        out.update(_connection_string(os.environ["AZURE_STORAGE_CONNECTION_STRING"]))
     endpoint = out.get("endpoint") or out.get("aws_endpoint_url") or ""
     if endpoint.startswith("http://"):
         out["allow_http"] = "true"

@@ -6,6 +6,7 @@ validate it, and ``convert --overwrite`` replaces only folders that carry a vali
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import suppress
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from .layout import (ID, LABEL, MANIFEST, DatasetSchema, FieldSpec, arrow_schema
                      is_count, to_record_batch)
 from .options import (Columns, Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows, labels_array,
                       pick_field)
-from .location import Location, as_location
+from .location import as_location
 from .remote_io import Fetcher, RangeFile, open_fetcher
 from .sources import Sample
 
@@ -53,6 +54,7 @@ class Part:
     min_id: str
     max_id: str
     labels: tuple[int | None, int | None]  # (min, max); None when unlabeled
+    written_ms: int = 0  # when it was closed (Delta's modificationTime)
 
 
 def _open_part(file: Path, arrow: pa.Schema, opts: WriteOptions):
@@ -70,8 +72,10 @@ def _open_part(file: Path, arrow: pa.Schema, opts: WriteOptions):
 
 
 def write_parts(folder: Path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
-                part_name: Callable[[int], str] = PART.format) -> list[Part]:
-    """Write every batch as one row group into part files of about the target size.
+                part_name: Callable[[int], str] = PART.format, on_part: Callable[[str], None] | None = None
+                ) -> list[Part]:
+    """Write every batch as one row group into part files of about the target size;
+    ``on_part(name)`` is called as each part is complete (an upload can start).
 
     Encoding and writing a row group (pyarrow, GIL released) runs in a writer thread while
     this thread assembles the next one. Shared by the Parquet and Delta writers."""
@@ -90,8 +94,10 @@ def write_parts(folder: Path, schema: DatasetSchema, batches: Iterator[list[Samp
         sink.close()
         name = part_name(len(parts))
         lab = (min(labels), max(labels)) if labels else (None, None)
-        parts.append(Part(name, rows, groups, size, min(ids), max(ids), lab))
+        parts.append(Part(name, rows, groups, size, min(ids), max(ids), lab, int(time.time() * 1000)))
         sink = writer = None
+        if on_part is not None:
+            on_part(name)
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainfeed-parquet") as pool:
         try:
@@ -130,23 +136,17 @@ def _close_quietly(*handles) -> None:
                 handle.close()
 
 
-def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions) -> WriteResult:
-    """Parts plus the manifest. ``path`` must be a new (staging) folder."""
+def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
+          on_part: Callable[[str], None] | None = None) -> WriteResult:
+    """Parts plus the manifest. ``path`` must be a new (staging) folder. ``on_part(name)``:
+    called as each part is complete."""
     path = Path(path)
     path.mkdir(parents=True)
-    parts = write_parts(path, schema, batches, opts)
+    parts = write_parts(path, schema, batches, opts, on_part=on_part)
     schema.samples = sum(p.rows for p in parts)
     write_manifest(path, FORMAT, schema, [{"file": p.file, "rows": p.rows} for p in parts])
     files = [str(path / p.file) for p in parts]
     return WriteResult(files, sum(p.size for p in parts), {"row_groups": sum(p.row_groups for p in parts)})
-
-
-def upload(loc: Location, folder: Path, files: list[str], names: list[str] | None = None, workers: int = 8) -> None:
-    """Copy ``files`` from the local ``folder`` into the folder at ``loc`` on object storage
-    (as ``names``, default the same), concurrently; each object appears whole or not at all."""
-    pairs = list(zip(files, names or files))
-    with ThreadPoolExecutor(max(1, min(workers, len(pairs)))) as pool:
-        list(pool.map(lambda pair: loc.fs.put_file(str(folder / pair[0]), loc.file(pair[1])), pairs))
 
 
 def write_manifest(path: Path, fmt: str, schema: DatasetSchema, parts: list[dict], writer: str = WRITER) -> None:

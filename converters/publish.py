@@ -1,4 +1,4 @@
-"""Publish a Parquet or HDF5 store staged on local disk to object storage: the data first,
+"""Publish a Parquet or HDF5 store written on local disk to object storage: the data first,
 the commit record last.
 
 Object stores have no rename, but a single PUT is atomic: an object appears whole or not at
@@ -30,8 +30,8 @@ from typing import Callable
 from .errors import TrainfeedError
 from .layout import MANIFEST
 from .location import Location
-from .parquet import upload
 from .stores import identify
+from .upload import Uploader
 
 #: The data files trainfeed writes into folder stores: Parquet and HDF5 parts with or without
 #: a run tag, Delta parts (what cleanup may delete, in a folder that is trainfeed's).
@@ -40,11 +40,19 @@ _PART = re.compile(r"(part|shard)-\d{5}(-[0-9a-f]{8})?\.(parquet|h5)|part-\d{5}-
 Check = Callable[[Location], "dict | None"]
 
 
-def publish(staged: Path, dst: Location, overwrite: bool, verify: Check | None) -> tuple[list[str], dict | None]:
-    """Upload the store at ``staged`` to ``dst``; returns (data file URLs, what ``verify`` said)."""
+def uploader(dst: Location, staged: Path) -> Uploader:
+    """Uploads a folder store's parts under run-tagged names as the writer completes them."""
+    run = uuid.uuid4().hex[:8]
+    return Uploader(dst, staged, rename=lambda name: _tagged(name, run))
+
+
+def publish(staged: Path, dst: Location, overwrite: bool, verify: Check | None, parts: Uploader
+            ) -> tuple[list[str], dict | None]:
+    """Publish the store written at ``staged`` (a folder store's parts uploaded by ``parts``)
+    at ``dst``; returns (data file URLs, what ``verify`` said)."""
     if staged.is_file():
         return _publish_file(staged, dst, overwrite, verify)
-    return _publish_folder(staged, dst, overwrite, verify)
+    return _publish_folder(staged, dst, overwrite, verify, parts.finish())
 
 
 def _names(dst: Location) -> set[str]:
@@ -70,15 +78,12 @@ def _recheck(dst: Location, overwrite: bool, ours: set[str] = frozenset()) -> by
     return dst.read_bytes(MANIFEST) if found.fmt != "delta" and dst.exists(MANIFEST) else None
 
 
-def _publish_folder(staged: Path, dst: Location, overwrite: bool, verify: Check | None
+def _publish_folder(staged: Path, dst: Location, overwrite: bool, verify: Check | None, renamed: dict[str, str]
                     ) -> tuple[list[str], dict | None]:
     manifest = json.loads((staged / MANIFEST).read_text())
-    run = uuid.uuid4().hex[:8]
-    renamed = {p["file"]: _tagged(p["file"], run) for p in manifest["parts"]}
     manifest["parts"] = [{**p, "file": renamed[p["file"]]} for p in manifest["parts"]]
     new = list(renamed.values())
     try:
-        upload(dst, staged, list(renamed), names=new)
         previous = _recheck(dst, overwrite, set(new))
         dst.fs.pipe_file(dst.file(MANIFEST), json.dumps(manifest, indent=1).encode())
     except BaseException:

@@ -4,7 +4,8 @@ destination path: trainfeed replaces only what carries its own marker.
 Each format is one module registered in FORMATS. What the rest of trainfeed takes from it:
 
 - ``name``, ``label`` (display name), ``writable``, ``UNIT`` (what a piece is called);
-- writable formats: ``write(path, schema, batches, opts)``, ``read_schema(path)``,
+- writable formats: ``write(path, schema, batches, opts)`` (Parquet, HDF5: also
+  ``on_part(name)``, called as each data file is complete), ``read_schema(path)``,
   ``read_samples(path)`` (what ``--verify`` compares), ``is_store(path)``, ``COMPRESSIONS``,
   ``DEFAULT_COMPRESSION``, ``COMPRESSION_LEVELS``;
 - every format, the read side of training: ``list_pieces(path, ReadRequest) -> Pieces``,

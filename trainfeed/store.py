@@ -78,10 +78,15 @@ class Store:
 
 
 def open_store(uri: str, *, version: int | None = None, storage_options: Mapping[str, str] | None = None,
-               format: Format | None = None, field: str | None = None, labels: str | None = None) -> Store:
-    """Open the store at ``uri``: its format detected unless given, a Delta table at ``version``
-    (default: the latest), the tensor ``field`` (default: the first); ``labels`` is a CSV
-    (id,label) for a folder of small files. Raises ``TrainfeedError`` naming the problem."""
+               format: Format | None = None, field: str | None = None, labels: str | None = None,
+               io_concurrency: int = 8, cache_dir: str | None = None, cache_limit: int = 10 * 10**9) -> Store:
+    """Open the store at ``uri`` (a local path or a URL: abfs://, az://, abfss://, s3://, gs://):
+    its format detected unless given, a Delta table at ``version`` (default: the latest), the
+    tensor ``field`` (default: the first); ``labels`` is a CSV (id,label) for a folder of small
+    files. On object storage, ``io_concurrency`` range requests are in flight, and ``cache_dir``
+    (at most ``cache_limit`` bytes) keeps what is read for later epochs. Raises
+    ``TrainfeedError`` naming the problem."""
     opts = ReaderOptions(delta_version=version, field_name=field, labels_csv=labels,
-                         storage_options=dict(storage_options or {}))
+                         storage_options=dict(storage_options or {}), io_concurrency=io_concurrency,
+                         cache_dir=cache_dir, cache_limit=cache_limit)
     return Store(readers.open_store(uri, format, opts), opts)

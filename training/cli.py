@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 
 from trainfeed.converters.cli_common import exit_codes, parse_storage_options
+from trainfeed.converters.options import parse_size
 from trainfeed.converters.redact import redact, redact_json
 from trainfeed.converters.stores import FORMATS
 
@@ -64,7 +65,8 @@ def _human(s: dict) -> str:
                   "Writes summary.json, steps.jsonl and utilization.jsonl to --out. "
                   "Exit codes: 0 ok (also after SIGTERM: a checkpoint is saved), 1 data/runtime error, 2 usage.")
 def main_command(
-    data: str = typer.Option(..., "--data", help="Store path, or a folder / fsspec URL of small files (blob)."),
+    data: str = typer.Option(..., "--data", help="A store (Parquet, Delta, HDF5) or a folder of small files (blob): "
+                             "a local path or a URL (abfs://, az://, abfss://, s3://, gs://, file://)."),
     fmt: Optional[Fmt] = typer.Option(None, "--format", help="Force the format instead of detecting it."),
     framework: Framework = typer.Option(Framework.torch, "--framework"),
     device: Device = typer.Option(Device.cpu, "--device", help="cuda: pinned memory, non-blocking copies, "
@@ -102,7 +104,16 @@ def main_command(
     shuffle_buffer: int = typer.Option(256, "--shuffle-buffer", help="Samples held for shuffling."),
     warmup_steps: int = typer.Option(1, "--warmup-steps", help="Steps excluded from the summary (0 to the run's "
                                      "total steps)."),
-    storage_option: List[str] = typer.Option([], "--storage-option", help="KEY=VALUE for fsspec (blob URLs)."),
+    storage_option: List[str] = typer.Option([], "--storage-option", help="KEY=VALUE for a URL in --data, "
+                                             "--eval-data or --labels, in fsspec's names (e.g. connection_string=..., "
+                                             "account_name=..., key=..., secret=..., endpoint_url=...); Delta logs are "
+                                             "read with the same credentials. Also: call_timeout=SECONDS (default 30)."),
+    io_concurrency: int = typer.Option(8, "--io-concurrency", help="Stores on object storage: range requests in "
+                                       "flight for the reader (apart from --workers, which decode)."),
+    cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="Stores on object storage: keep what is read "
+                                            "in this local folder, so that epochs after the first read local disk."),
+    cache_limit: str = typer.Option("10GB", "--cache-limit", help="Most bytes --cache-dir may hold (least recently "
+                                    "used ranges are evicted), e.g. 500MB, 20GiB."),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json to stdout."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
@@ -114,6 +125,7 @@ def main_command(
             checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
             delta_version=delta_version, labels_csv=labels, field_name=field, shuffle_buffer=shuffle_buffer,
             warmup_steps=warmup_steps, storage_options=parse_storage_options(storage_option), progress=progress,
+            io_concurrency=io_concurrency, cache_dir=cache_dir, cache_limit=parse_size(cache_limit, "--cache-limit"),
         )
         summary = run(cfg)
     typer.echo(redact_json(summary) if as_json else redact(_human(summary)))

@@ -44,6 +44,9 @@ class TrainConfig:
     shuffle_buffer: int = 256
     warmup_steps: int = 1
     storage_options: dict = field(default_factory=dict)
+    io_concurrency: int = 8  # stores on object storage: range requests in flight
+    cache_dir: str | None = None  # ... and where to keep what epoch 1 read
+    cache_limit: int = 10 * 10**9
     progress: bool = True
 
     def to_dict(self) -> dict:
@@ -58,7 +61,7 @@ def check(cfg: TrainConfig) -> None:
         raise UsageError(f"--framework must be torch or tf, not {cfg.framework!r}")
     if cfg.device not in DEVICES:
         raise UsageError(f"--device must be cpu or cuda, not {cfg.device!r}")
-    for name in ("batch_size", "epochs", "workers", "width"):
+    for name in ("batch_size", "epochs", "workers", "width", "io_concurrency"):
         if getattr(cfg, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
     if cfg.steps_per_epoch is not None and cfg.steps_per_epoch < 1:
@@ -78,6 +81,8 @@ def check(cfg: TrainConfig) -> None:
     if cfg.warmup_steps < 0:
         raise UsageError(f"--warmup-steps must be 0 or more, not {cfg.warmup_steps}")
     check_folder("--out", cfg.out)
+    if cfg.cache_dir:
+        check_folder("--cache-dir", cfg.cache_dir)
     if cfg.checkpoint_dir:
         check_folder("--checkpoint-dir", cfg.checkpoint_dir)
     if cfg.device == "cuda":

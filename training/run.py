@@ -44,7 +44,8 @@ def reader_options(cfg: TrainConfig, rank: int = 0, world: int = 1, shuffle: boo
     return ReaderOptions(batch_size=cfg.batch_size, workers=cfg.workers, shuffle=shuffle, seed=cfg.seed,
                          shuffle_buffer=cfg.shuffle_buffer, pool=cfg.pool, shard=rank, num_shards=world,
                          delta_version=cfg.delta_version, field_name=cfg.field_name, labels_csv=cfg.labels_csv,
-                         storage_options=cfg.storage_options)
+                         storage_options=cfg.storage_options, io_concurrency=cfg.io_concurrency,
+                         cache_dir=cfg.cache_dir, cache_limit=cfg.cache_limit)
 
 
 def eval_options(cfg: TrainConfig, field_name: str) -> ReaderOptions:
