@@ -511,6 +511,24 @@ def test_a_cache_smaller_than_the_store_stays_within_its_limit(azure, tmp_path):
         assert cache_usage(cache) <= limit
 
 
+@pytest.mark.azurite
+def test_train_cli_keeps_its_cache_within_the_limit(azure, tmp_path):
+    """``train --cache-dir --cache-limit`` over two epochs: every step runs, and the cache holds
+    what was read, within its limit."""
+    src = tmp_path / "vols"
+    source(src, 40, seed=17)
+    bucket = azure.new_bucket("train-cache")
+    url = azure.url(bucket, "store.parquet")
+    assert convert(src, url, "parquet", azure, *labels(src), *TINY).exit_code == 0
+    cache = tmp_path / "cache"
+    res = run_cli(__import__("trainfeed.training.cli", fromlist=["app"]).app, "--data", url, *azure.cli,
+                  "--epochs", "2", "--width", "4", "--batch-size", "8", "--workers", "2", "--io-concurrency", "4",
+                  "--cache-dir", cache, "--cache-limit", "12KB", "--out", tmp_path / "out", "--json", "--no-progress")
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout)["steps"] == 2 * (40 // 8)
+    assert 0 < cache_usage(cache) <= 12_000
+
+
 # ------------------------------------------------------------------ 4. safety, as locally
 
 def plant(backend: Backend, bucket: str, key: str, what: str) -> None:
