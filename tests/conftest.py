@@ -107,6 +107,15 @@ def azurite_server():
         yield server
 
 
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 HTTP API (moto's server, in its own process) on a free loopback port."""
+    from trainfeed.benchmarks import s3server
+
+    with s3server.start() as server:
+        yield server
+
+
 LEARN_SHAPE = (12, 12, 4, 2)
 
 
