@@ -295,7 +295,7 @@ def _unlabeled(root: Path) -> Path:
     (_other_field, "store has no field 'volume'"),
     (_unlabeled, "store is unlabeled"),
     (_labels_0_to_2, "--eval-data labels range over 0..2, the model predicts 0..1"),
-    (lambda r: r / "missing.h5", "does not exist"),
+    (lambda r: r / "missing.h5", "not found"),
 ], ids=["shape", "dtype", "field", "unlabeled", "label-range", "missing"])
 def test_eval_data_is_checked_before_training(tmp_path, stores, make, message):
     eval_store = make(tmp_path)
