@@ -4,8 +4,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from contextlib import contextmanager
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
 from typing import List, Optional
@@ -15,12 +14,11 @@ import typer
 from trainfeed.converters.cli_common import exit_codes
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.progress import progress_bar
-from trainfeed.converters.redact import redact, redact_json, register_storage_options
+from trainfeed.converters.redact import redact, redact_json
+from trainfeed.converters.remote_io import DEFAULT_IO_CONCURRENCY
 
-from .azurite import AzuriteError
 from .cost import CATALOG
 from .matrix import STORES
-from .profiles import load_object_store
 from .synth import IMAGE_SIZE, VOLUME_SHAPE, generate_images, generate_volumes
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False,
@@ -102,16 +100,22 @@ def _csv(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
-@app.command(help="Run the storage A/B matrix on one dataset: --stores x --nodes x --frameworks. Each cell is "
-                  "measured three ways (compute-only, ingest-only, real run), diagnosed, and projected to time and "
-                  "cost per instance of the catalog; writes results.jsonl, results.csv, report.md and report.html "
-                  "to --out. Cells are appended as they finish: a failed cell does not lose the others, and the "
-                  "report says why each failed cell failed. Exit 1 when no cell could be measured.")
+@app.command(help="Run the storage A/B matrix on one dataset: --stores x --nodes x --frameworks. Every store "
+                  "(the small files too) is staged on one --storage-backend and every cell reads it from there, "
+                  "through the --storage-profile latency emulation, with one connection budget (--workers, "
+                  "--io-concurrency): the cells differ by layout only (the layout effect). The best compacted store is also read from local disk as it is "
+                  "(the location effect), unless the cells read local disk as it is already. Each cell is measured "
+                  "three ways (compute-only, ingest-only, real run), diagnosed, and projected to time and cost per "
+                  "instance of the catalog; writes results.jsonl, results.csv, report.md and report.html to --out, "
+                  "and a progress line to stderr as each store is staged and as each cell starts and ends. Cells "
+                  "are appended as they finish: a failed cell does not lose the others, and the report says why "
+                  "each failed cell failed. Exit 1 when no cell could be measured.")
 def run(
     src: str = typer.Argument(..., help="Folder (or fsspec URL) of the small files: the blob layout."),
-    out: Path = typer.Option(Path("bench-out/ab"), "--out", help="Results folder (converted stores are cached in OUT/stores)."),
-    labels: Optional[str] = typer.Option(None, "--labels", help="Labels CSV (id,label); default SRC/labels.csv if present. "
-                                          "Under --blob-profile: a local file or on SRC's storage."),
+    out: Path = typer.Option(Path("bench-out/ab"), "--out", help="Results folder (the local backend's stores go to "
+                             "OUT/stores, a local copy of a remote store to OUT/local-copy)."),
+    labels: Optional[str] = typer.Option(None, "--labels", help="Labels CSV (id,label); default SRC/labels.csv if "
+                                         "present. A local file, inside SRC, or on the storage backend."),
     stores: str = typer.Option(",".join(STORES), "--stores", help=f"Comma-separated: {', '.join(STORES)}."),
     nodes: str = typer.Option("cpu,t4,h100", "--nodes", help="cpu, cuda (a real GPU), emulated t4, v100, a10g, a100, "
                               "h100, or a profile file from `calibrate`."),
@@ -120,13 +124,20 @@ def run(
     cpu_steps: int = typer.Option(4, "--cpu-steps", help="Steps per cell on a real CPU node (the full model is slow there)."),
     batch_size: int = typer.Option(32, "--batch-size"),
     width: int = typer.Option(64, "--width", help="Model width: 64 is ResNet-18 (33.2M parameters in 3D)."),
-    workers: int = typer.Option(4, "--workers", help="Reader workers (blob: concurrent GETs)."),
+    workers: int = typer.Option(4, "--workers", help="Reader threads, the same for every store."),
+    io_concurrency: int = typer.Option(DEFAULT_IO_CONCURRENCY, "--io-concurrency", help="Remote or emulated "
+                                       "storage: range requests in flight for each reader, whatever the layout "
+                                       "(small files: one GET each; row groups: 8 MB parts)."),
     repeats: int = typer.Option(1, "--repeats"),
-    blob_profile: str = typer.Option("azure-blob", "--blob-profile", help="Latency emulation wrapped around the blob "
-                                     "store: azure-blob, s3, lan, or none."),
-    blob_backend: str = typer.Option("local", "--blob-backend", help="local: the files as they are; azurite: upload "
-                                     "them to a local Azurite (real Azure Blob API) and read from there."),
-    storage_option: List[str] = typer.Option([], "--storage-option", help="KEY=VALUE for a remote SRC and --labels."),
+    storage_backend: str = typer.Option("local", "--storage-backend", help="Where every store is staged and read "
+                                        "from: local (OUT/stores), azurite (a local Azurite, the real Azure Blob API, "
+                                        "started for the run), or a URL such as abfs://container/folder (with "
+                                        "--storage-option; storage-bench replaces what it stages there)."),
+    storage_profile: str = typer.Option("azure-blob", "--storage-profile", help="Latency emulation every read goes "
+                                        "through: azure-blob, s3, lan, a profile file written by `storage-bench "
+                                        "probe`, or none (on a real cloud, where latency is real)."),
+    storage_option: List[str] = typer.Option([], "--storage-option", help="KEY=VALUE for a remote SRC, --labels and "
+                                             "a URL --storage-backend."),
     target_samples: int = typer.Option(650_000, "--target-samples", help="Your full dataset's size, for projections."),
     target_epochs: int = typer.Option(5, "--target-epochs"),
     catalog: Path = typer.Option(CATALOG, "--catalog", help="Instance catalog CSV (prices with date and source)."),
@@ -141,22 +152,11 @@ def run(
         labels = labels or (str(Path(src) / "labels.csv") if "://" not in src and (Path(src) / "labels.csv").exists() else None)
         cfg = MatrixConfig(src=src, out=str(out), labels_csv=labels, stores=_csv(stores), nodes=_csv(nodes),
                            frameworks=_csv(frameworks), steps=steps, cpu_steps=cpu_steps, batch_size=batch_size,
-                           width=width, workers=workers, repeats=repeats,
-                           blob_profile=None if blob_profile == "none" else blob_profile,
+                           width=width, workers=workers, io_concurrency=io_concurrency, repeats=repeats,
+                           storage_backend=storage_backend,
+                           storage_profile=None if storage_profile == "none" else storage_profile,
                            storage_options=parse_storage_options(storage_option))
-        if blob_profile != "none":
-            load_object_store(blob_profile)
-        if blob_backend not in ("local", "azurite"):
-            raise UsageError("--blob-backend must be local or azurite")
-        log = lambda m: typer.echo(redact(m), err=True)  # noqa: E731
-        try:
-            if blob_backend == "azurite":
-                with azurite_copy(cfg, log) as cfg_az:
-                    run_matrix(cfg_az, log)
-            else:
-                run_matrix(cfg, log)
-        except AzuriteError as exc:
-            raise TrainfeedError(str(exc)) from exc
+        run_matrix(cfg, lambda m: typer.echo(redact(m), err=True))
         info = report_mod.build(str(out), target_samples=target_samples, target_epochs=target_epochs, catalog=catalog)
         typer.echo(redact_json(info, default=str) if as_json else _report_line(info))
         _fail_unless_measured(info)
@@ -171,25 +171,6 @@ def _fail_unless_measured(info: dict) -> None:
     if info["cells"] == 0:
         raise TrainfeedError(f"{info['report_md']}: no cell was measured: all {info['errors']} failed; "
                              f"first failure: {info['first_error'] or 'none recorded'}")
-
-
-@contextmanager
-def azurite_copy(cfg, log):
-    """Start Azurite, upload the source folder, and point the blob store at it."""
-    import fsspec
-
-    from .azurite import start
-
-    server = start()
-    register_storage_options(server.storage_options)
-    try:
-        fs = fsspec.filesystem("abfs", **server.storage_options)
-        fs.mkdir("trainfeed")
-        log(redact(f"uploading {cfg.src} to Azurite on port {server.port}"))
-        fs.put(str(cfg.src), "trainfeed/src", recursive=True)
-        yield replace(cfg, src="abfs://trainfeed/src", storage_options=server.storage_options)
-    finally:
-        server.stop()
 
 
 @app.command(help="Rebuild results.csv, report.md and report.html from OUT/results.jsonl.")
@@ -239,7 +220,7 @@ def calibrate(
                   "one: the request-time distribution of small GETs (p50/p90/p99), single-stream bandwidth of large "
                   "range reads, and throughput at concurrency 1, 2, 4, ... --max-concurrency. Probe objects are "
                   "written under URL/_trainfeed-probe-<id>/ and deleted afterwards, also on failure or Ctrl-C. "
-                  "--out saves a profile (kind \"probed\") that --blob-profile and the emulation accept. Progress on "
+                  "--out saves a profile (kind \"probed\") that --storage-profile and the emulation accept. Progress on "
                   "stderr, a table (or --json: the profile) on stdout.")
 def probe(
     url: str = typer.Argument(..., help="Local folder or fsspec URL: abfs://container/prefix, s3://bucket/prefix, "

@@ -1,31 +1,37 @@
 """The storage A/B matrix: stores x nodes x frameworks, each cell measured three ways (the
 differential stall analysis): compute-only (synthetic batches already in memory), ingest-only
-(the reader, no model) and the real run (the reader feeding the step). Cells go to
-results.jsonl as they complete, so a partially failed matrix keeps what it measured."""
+(the reader, no model) and the real run (the reader feeding the step). Every store is staged on
+one storage backend and read from there with one connection budget, so the cells differ by
+layout only (the layout effect); the best compacted store is also read from a local copy (the
+location effect). Cells go to results.jsonl as they complete, so a partially failed matrix
+keeps what it measured."""
 from __future__ import annotations
 
+import hashlib
 import json
-import os
+import posixpath
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
-from trainfeed.converters.convert import ConvertConfig, convert
 from trainfeed.converters.errors import TrainfeedError, UsageError
-from trainfeed.converters.options import WriteOptions
 from trainfeed.converters.redact import redact, redact_obj, register_storage_options
-from trainfeed.converters.stores import FORMATS, detect_format
+from trainfeed.converters.remote_io import DEFAULT_IO_CONCURRENCY
+from trainfeed.converters.stores import FORMATS
 from trainfeed.training.config import TrainConfig
 from trainfeed.training.metrics import StepTimer, UtilizationSampler, environment
-from trainfeed.training.readers import ReaderOptions, iter_batches, open_store
+from trainfeed.training.readers import Batch, ReaderOptions, iter_batches, open_store
 from trainfeed.training.run import Prefetcher, record
 
-from .profiles import ACCELERATORS, calibration_key, load_accelerator, model_flops, step_seconds
+from .profiles import (ACCELERATORS, calibration_key, load_accelerator, load_object_store, model_flops,
+                       step_seconds)
+from .storage import (Backend, StoreSource, check_labels, local_copy, open_backend, plan_backend, stage_small_files,
+                      stage_store)
 
-RESULTS_VERSION = 1
+RESULTS_VERSION = 2
 #: The small-file layout as it is (the baseline), then every format of the registry.
 STORES = tuple(dict.fromkeys(("blob", *FORMATS)))
 REAL_NODES = ("cpu", "cuda")
@@ -46,13 +52,16 @@ class MatrixConfig:
     batch_size: int = 32
     repeats: int = 1
     width: int = 64
-    workers: int = 4
-    blob_profile: str | None = "azure-blob"  # latency emulation for the blob store; None: as is
-    storage_options: dict = field(default_factory=dict)
+    workers: int = 4  # reader threads (blob: files read at once, locally)
+    io_concurrency: int = DEFAULT_IO_CONCURRENCY  # remote or emulated storage: range requests in flight per reader
+    storage_backend: str = "local"  # local (OUT/stores), azurite, or a URL
+    storage_profile: str | None = "azure-blob"  # latency emulation around every store; None: as is
+    storage_options: dict = field(default_factory=dict)  # SRC's, --labels' and a URL backend's
     amp: bool = False
 
 
-def check_matrix(cfg: MatrixConfig) -> None:
+def check_matrix(cfg: MatrixConfig) -> Backend:
+    """Usage errors before anything runs; the backend the matrix will stage its stores on."""
     for s in cfg.stores:
         if s not in STORES:
             raise UsageError(f"unknown store {s!r}: choose from {', '.join(STORES)}")
@@ -70,108 +79,105 @@ def check_matrix(cfg: MatrixConfig) -> None:
             raise UsageError(f"unknown framework {f!r}: choose torch or tf")
     if cfg.steps < 2 or cfg.cpu_steps < 2:
         raise UsageError("--steps and --cpu-steps must be at least 2 (the first step is warm-up)")
-    if "blob" in cfg.stores:
-        blob_source(cfg)  # a --labels the emulated store cannot reach is a usage error
+    if cfg.workers < 1 or cfg.io_concurrency < 1:
+        raise UsageError("--workers and --io-concurrency must be at least 1")
+    if cfg.storage_profile:
+        load_object_store(cfg.storage_profile)
+    backend = plan_backend(cfg.storage_backend, Path(cfg.out), cfg.storage_options, cfg.storage_profile)
+    check_labels(cfg.labels_csv, cfg.src, backend)
+    return backend
 
 
 # --------------------------------------------------------------------------- stores
 
 @dataclass(frozen=True)
-class StoreSource:
-    """Where the matrix reads one store from, and how."""
+class Staged:
+    """One store staged on the backend: its URL there, how the cells read it, its sample shape."""
 
-    path: str
-    storage_options: dict
-    fmt: str | None = None  # None: detected from the path
-    labels_csv: str | None = None  # blob: the labels CSV, reached the way the files are
-
-
-def _split_location(url: str) -> tuple[str, str]:
-    """(fsspec protocol, path inside that filesystem) of a local path or URL."""
-    if "://" not in url:
-        return "file", os.path.abspath(url)
-    protocol, path = url.split("://", 1)
-    return protocol, path
+    url: str
+    source: StoreSource
+    shape: tuple[int, ...]
 
 
-def _emulated_labels(labels_csv: str | None, target: str) -> str | None:
-    """The labels CSV as the emulated blob store reaches it: through the emulation (the same
-    filesystem and options as the files) when it lives where they do; a local file as it is."""
-    if labels_csv is None:
-        return None
-    protocol, path = _split_location(labels_csv)
-    if protocol == target:
-        return f"emulated://{path}"
-    if protocol == "file":
-        return labels_csv
-    raise UsageError(f"--labels {labels_csv}: under --blob-profile the labels must be a local file or on the same "
-                     f"storage as SRC ({target}://); copy them there, or pass --blob-profile none")
-
-
-def blob_source(cfg: MatrixConfig) -> StoreSource:
-    """The small files as the blob cells read them: wrapped in the latency emulation when a
-    profile is set (emulated://, whose options hold the real backend's options)."""
-    if not cfg.blob_profile:
-        return StoreSource(cfg.src, dict(cfg.storage_options), "blob", cfg.labels_csv)
-    import trainfeed.benchmarks.storagesim  # noqa: F401  registers emulated://
-
-    target, path = _split_location(cfg.src)
-    opts = {"target": target, "profile": cfg.blob_profile, "target_options": dict(cfg.storage_options)}
-    return StoreSource(f"emulated://{path}", opts, "blob", _emulated_labels(cfg.labels_csv, target))
-
-
-def prepare_store(cfg: MatrixConfig, name: str, log: Callable[[str], None]) -> StoreSource:
-    """The blob source, or a converted store (cached in OUT/stores)."""
-    if name == "blob":
-        return blob_source(cfg)
-    dst = Path(cfg.out) / "stores" / (f"{name}.h5" if name == "hdf5" else name)
-    if detect_format(dst) != name:
-        log(redact(f"converting {cfg.src} -> {name}"))
-        convert(ConvertConfig(src=cfg.src, dst=str(dst), fmt=name, labels_csv=cfg.labels_csv,
-                              storage_options=cfg.storage_options, write=WriteOptions(row_group_size=8 * 10**6),
-                              workers=max(2, os.cpu_count() or 2)))
-    return StoreSource(str(dst), {})
-
-
-def open_stores(cfg: MatrixConfig, log: Callable[[str], None]) -> tuple[dict, dict]:
-    """Prepare and open every store: name -> (source, sample shape) for those that open,
-    name -> the redacted reason for those that do not (their cells fail, the others run)."""
+def stage_stores(cfg: MatrixConfig, backend: Backend, log: Callable[[str], None]) -> tuple[dict, dict]:
+    """Stage every store on the backend and open it as the cells will: name -> Staged for those
+    that open, name -> the redacted reason for those that do not (their cells fail, the others
+    run). The compacted stores are converted from the small files as staged."""
+    try:
+        small_files, labels = stage_small_files(cfg.src, cfg.labels_csv, cfg.storage_options, backend, log)
+    except CELL_ERRORS as exc:
+        reason = redact(exc)
+        log(f"stage small files: failed: {reason}")
+        return {}, dict.fromkeys(cfg.stores, reason)
     opened, failed = {}, {}
     for name in cfg.stores:
         try:
-            src = prepare_store(cfg, name, log)
+            url = small_files if name == "blob" else stage_store(name, small_files, labels, backend, log)
+            src = backend.source(url, name, labels if name == "blob" else None)
             store = open_store(src.path, src.fmt, _reader_options(cfg, src))
         except UsageError:
             raise
         except CELL_ERRORS as exc:
             failed[name] = redact(exc)
+            log(f"stage {name}: failed: {failed[name]}")
         else:
-            opened[name] = (src, tuple(store.spec.shape))
+            opened[name] = Staged(url, src, tuple(store.spec.shape))
     return opened, failed
 
 
 def _reader_options(cfg: MatrixConfig, src: StoreSource) -> ReaderOptions:
     # a shuffle buffer of two batches: a larger one would make the first step read far ahead
-    # and the short measured window flow from memory
-    return ReaderOptions(batch_size=cfg.batch_size, workers=cfg.workers, shuffle=True, seed=0,
-                         shuffle_buffer=2 * cfg.batch_size, pool="arrow",
+    # and the short measured window flow from memory; no disk cache: every cell reads the storage
+    return ReaderOptions(batch_size=cfg.batch_size, workers=cfg.workers, io_concurrency=cfg.io_concurrency,
+                         shuffle=True, seed=0, shuffle_buffer=2 * cfg.batch_size, pool="arrow",
                          labels_csv=src.labels_csv, storage_options=src.storage_options)
+
+
+def connections(cfg: MatrixConfig, backend: Backend) -> dict:
+    """The connection budget every cell reads with, whatever the layout: ``workers`` reader
+    threads and, on object storage or behind the emulation, ``io_concurrency`` range requests
+    in flight for the whole reader. Local reads as they are have no request budget: None."""
+    remote = backend.kind != "local" or bool(backend.profile)
+    return {"reader_workers": cfg.workers, "io_concurrency": cfg.io_concurrency if remote else None}
 
 
 # --------------------------------------------------------------------------- measurements
 
+class ReadTally:
+    """What a reader delivered: samples, bytes, and a digest of its (id, label) pairs."""
+
+    def __init__(self):
+        self.samples = self.nbytes = 0
+        self._pairs: list[tuple[str, int]] = []
+
+    def add(self, batch: Batch) -> None:
+        self.samples += len(batch.ids)
+        self.nbytes += batch.nbytes
+        self._pairs += zip(batch.ids, batch.y.tolist())
+
+    @property
+    def digest(self) -> str:
+        return id_label_digest(self._pairs)
+
+
+def id_label_digest(pairs: Iterable[tuple[str, int]]) -> str:
+    """sha256 of the sorted "id<TAB>label" lines: the same samples read in any order, from any
+    store, give the same digest."""
+    return hashlib.sha256("\n".join(sorted(f"{i}\t{int(y)}" for i, y in pairs)).encode()).hexdigest()
+
+
 def ingest_only(src: StoreSource, opts: ReaderOptions, steps: int) -> dict:
     store = open_store(src.path, src.fmt, opts)
     t0 = time.perf_counter()  # from the first request: filling the shuffle buffer is reading too
-    n = nbytes = 0
+    tally = ReadTally()
     for i, batch in enumerate(iter_batches(store, opts), 1):
-        n += len(batch.ids)
-        nbytes += batch.nbytes
+        tally.add(batch)
         if i >= steps:
             break
     seconds = time.perf_counter() - t0
-    return {"samples_per_s": n / seconds if seconds else None, "mb_per_s": nbytes / seconds / 1e6 if seconds else None,
-            "samples": n, "seconds": seconds}
+    return {"samples_per_s": tally.samples / seconds if seconds else None,
+            "mb_per_s": tally.nbytes / seconds / 1e6 if seconds else None, "samples": tally.samples,
+            "seconds": seconds, "ids_labels_sha256": tally.digest}
 
 
 def compute_only_torch(shape, batch: int, width: int, steps: int, device: str = "cpu", amp: bool = False) -> float:
@@ -233,6 +239,7 @@ def emulated_run(src: StoreSource, opts: ReaderOptions, step_s: float, steps: in
     store = open_store(src.path, src.fmt, opts)
     timer = StepTimer(warmup_steps=1)
     util_path = out_dir / "utilization.jsonl"
+    tally = ReadTally()
     with open(util_path, "w") as fh, UtilizationSampler(sink=lambda r: fh.write(json.dumps(r) + "\n")) as util:
         prefetch = Prefetcher(iter_batches(store, opts), lambda b: None, depth=2)
         try:
@@ -241,12 +248,14 @@ def emulated_run(src: StoreSource, opts: ReaderOptions, step_s: float, steps: in
                 if item is None:
                     break
                 batch, _ = item
+                tally.add(batch)
                 t0 = time.perf_counter()
                 time.sleep(step_s)
                 record(timer, step, 0, wait, time.perf_counter() - t0, len(batch.ids), batch.nbytes)
         finally:
             prefetch.close()
-    return {**timer.summary(), "utilization": util.summary(), "utilization_timeline": util.samples}
+    return {**timer.summary(), "samples_read": tally.samples, "ids_labels_sha256": tally.digest,
+            "utilization": util.summary(), "utilization_timeline": util.samples}
 
 
 def real_cpu_run(src: StoreSource, cfg: MatrixConfig, framework: str, out_dir: Path, device: str = "cpu") -> dict:
@@ -254,7 +263,8 @@ def real_cpu_run(src: StoreSource, cfg: MatrixConfig, framework: str, out_dir: P
 
     tcfg = TrainConfig(data=src.path, fmt=src.fmt, framework=framework,
                        device=device, batch_size=cfg.batch_size, steps_per_epoch=cfg.cpu_steps, epochs=1,
-                       workers=cfg.workers, pool="arrow", width=cfg.width, out=str(out_dir), labels_csv=src.labels_csv,
+                       workers=cfg.workers, io_concurrency=cfg.io_concurrency, pool="arrow", width=cfg.width,
+                       out=str(out_dir), labels_csv=src.labels_csv,
                        shuffle_buffer=2 * cfg.batch_size,
                        storage_options=src.storage_options, progress=False, amp=cfg.amp)
     summary = run(tcfg)
@@ -282,75 +292,124 @@ class ResultsFile:
 
 
 def run_matrix(cfg: MatrixConfig, log: Callable[[str], None] = print) -> list[dict]:
-    check_matrix(cfg)
+    planned = check_matrix(cfg)
     register_storage_options(cfg.storage_options)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     results = ResultsFile(out / "results.jsonl")
-    env = environment()
-    opened, failed = open_stores(cfg, log)
+    with open_backend(planned, log) as backend:
+        _run(cfg, backend, results, environment(), log)
+    return results.records
+
+
+def _run(cfg: MatrixConfig, backend: Backend, results: ResultsFile, env: dict, log: Callable[[str], None]) -> None:
+    out = Path(cfg.out)
+    staged, failed = stage_stores(cfg, backend, log)
     compute: dict[tuple[str, str], tuple[float, str]] = {}
     grid = [(node, framework) for node in cfg.nodes for framework in cfg.frameworks]
+    ingest: dict[str, dict] = {}
 
     def fail(rep: int, store: str, stage: str, error: str) -> None:
         """Every cell of one store fails for one reason."""
         for node, framework in grid:
             results.add(_error_record(rep, store, node, framework, stage, error, env))
-        log(f"{store:>8}: every cell failed ({stage}): {error}")
+        log(f"{store}: every cell failed ({stage}): {error}")
 
     for rep in range(cfg.repeats):
         for store_name in cfg.stores:
             if store_name in failed:
                 fail(rep, store_name, "prepare", failed[store_name])
                 continue
-            src, shape = opened[store_name]
-            ropts = _reader_options(cfg, src)
+            st = staged[store_name]
+            ropts = _reader_options(cfg, st.source)
             try:
-                ingest = ingest_only(src, ropts, cfg.steps)
+                ingest[store_name] = _logged(log, f"ingest-only {store_name}",
+                                             lambda: ingest_only(st.source, ropts, cfg.steps))
             except CELL_ERRORS as exc:
                 fail(rep, store_name, "ingest-only", redact(exc))
                 continue
-            flops_step = model_flops(shape, cfg.width) * cfg.batch_size
+            flops_step = model_flops(st.shape, cfg.width) * cfg.batch_size
             for node, framework in grid:
+                name = f"cell {store_name} x {node} {framework}"
+                log(f"{name}: start")
                 cell = {"kind": "cell", "results_version": RESULTS_VERSION, "repeat": rep, "store": store_name,
                         "node": node, "framework": framework, "batch_size": cfg.batch_size, "width": cfg.width,
-                        "sample_shape": list(shape), "sample_bytes": int(np.prod(shape)) * 4,
-                        "flops_per_step": flops_step, "blob_profile": cfg.blob_profile if store_name == "blob" else None,
-                        "workers": cfg.workers, "env": env, "page_cache": "warm after the first read"}
+                        "sample_shape": list(st.shape), "sample_bytes": int(np.prod(st.shape)) * 4,
+                        "flops_per_step": flops_step, "storage": backend.describe(st.url),
+                        "connections": connections(cfg, backend), "env": env, "page_cache": "warm after the first read"}
+                t0 = time.perf_counter()
                 try:
-                    cell.update(_measure_cell(cfg, node, framework, store_name, src, ropts, shape,
-                                              flops_step, compute, out / "cells" / f"{store_name}-{node}-{framework}-{rep}"))
-                    cell["ingest_only"] = ingest
+                    cell.update(_measure_cell(cfg, node, framework, st, ropts, flops_step, compute,
+                                              out / "cells" / f"{store_name}-{node}-{framework}-{rep}"))
+                    cell["ingest_only"] = ingest[store_name]
                     cell["verdict"] = verdict(cell)
                 except CELL_ERRORS as exc:
                     cell = _error_record(rep, store_name, node, framework, "cell", redact(exc), env)
                 cell = results.add(cell)
-                log(f"{store_name:>8} x {node:<6} {framework:<5} "
-                    + (f"{cell['real']['samples_per_s']:.1f} samples/s, stall {100 * cell['real']['stall_fraction']:.0f}%"
-                       if cell["kind"] == "cell" else f"failed: {cell['error']}"))
-    return results.records
+                log(f"{name}: " + (f"{cell['real']['samples_per_s']:.1f} samples/s, stall "
+                                   f"{100 * cell['real']['stall_fraction']:.0f}%" if cell["kind"] == "cell"
+                                   else f"failed: {cell['error']}") + f" ({time.perf_counter() - t0:.1f} s)")
+    location_effect(cfg, backend, staged, ingest, results, env, log)
 
 
-def _error_record(rep: int, store: str, node: str, framework: str, stage: str, error: str, env: dict) -> dict:
+def _logged(log: Callable[[str], None], name: str, measure: Callable[[], dict]) -> dict:
+    """An ingest-only measurement, with a progress line as it starts and one as it ends."""
+    log(f"{name}: start")
+    t0 = time.perf_counter()
+    res = measure()
+    log(f"{name}: {res['samples_per_s']:.1f} samples/s, {res['samples']} samples ({time.perf_counter() - t0:.1f} s)")
+    return res
+
+
+def location_effect(cfg: MatrixConfig, backend: Backend, staged: dict, ingest: dict, results: ResultsFile,
+                    env: dict, log: Callable[[str], None]) -> None:
+    """The location effect: the compacted store that ingested fastest on the backend, read again
+    from local disk as it is (a copy downloaded from the backend; on the local backend the store
+    itself, without the emulation), with the same reader and connection budget. Nothing to
+    measure when the cells read local disk as it is already."""
+    compacted = {s: r for s, r in ingest.items() if s != "blob"}
+    if not compacted or (backend.kind == "local" and not backend.profile):
+        return
+    best = max(compacted, key=lambda s: compacted[s]["samples_per_s"] or 0)
+    name = f"location effect {best}: ingest-only from local disk"
+    rec = {"kind": "location-effect", "results_version": RESULTS_VERSION, "repeat": cfg.repeats - 1, "store": best,
+           "storage": backend.describe(staged[best].url), "connections": connections(cfg, backend), "env": env,
+           "on_storage": compacted[best]}
+    try:
+        path = local_copy(staged[best].url, backend, Path(cfg.out) / "local-copy" / posixpath.basename(staged[best].url))
+        local = StoreSource(path, {}, best)
+        rec["local_copy"] = path
+        rec["local_disk"] = _logged(log, name, lambda: ingest_only(local, _reader_options(cfg, local), cfg.steps))
+    except CELL_ERRORS as exc:
+        log(f"{name}: failed: {redact(exc)}")
+        results.add(_error_record(cfg.repeats - 1, best, None, None, "location-effect", redact(exc), env))
+        return
+    results.add(rec)
+
+
+def _error_record(rep: int, store: str, node: str | None, framework: str | None, stage: str, error: str,
+                  env: dict) -> dict:
     return {"kind": "error", "results_version": RESULTS_VERSION, "repeat": rep, "store": store, "node": node,
             "framework": framework, "stage": stage, "error": error, "env": env}
 
 
-def _measure_cell(cfg, node, framework, store_name, src, ropts, shape, flops_step, compute, cell_dir) -> dict:
+def _measure_cell(cfg: MatrixConfig, node: str, framework: str, st: Staged, ropts: ReaderOptions, flops_step: float,
+                  compute: dict, cell_dir: Path) -> dict:
     cell_dir.mkdir(parents=True, exist_ok=True)
     key = (node, framework)
     if node in REAL_NODES:
         if key not in compute:
-            seconds = (compute_only_torch(shape, cfg.batch_size, cfg.width, 3, node, cfg.amp) if framework == "torch"
-                       else compute_only_tf(shape, cfg.batch_size, cfg.width, 3))
+            seconds = (compute_only_torch(st.shape, cfg.batch_size, cfg.width, 3, node, cfg.amp)
+                       if framework == "torch" else compute_only_tf(st.shape, cfg.batch_size, cfg.width, 3))
             compute[key] = (seconds, "measured")
-        real = real_cpu_run(src, cfg, framework, cell_dir, node)
+        real = real_cpu_run(st.source, cfg, framework, cell_dir, node)
         profile = {"node_kind": "real", "device": node}
     else:
         acc = load_accelerator(node)
         if key not in compute:
-            compute[key] = step_seconds(acc, flops_step, calibration_key(shape, cfg.batch_size, cfg.width, cfg.amp), cfg.amp)
-        real = emulated_run(src, ropts, compute[key][0], cfg.steps, cell_dir)
+            compute[key] = step_seconds(acc, flops_step, calibration_key(st.shape, cfg.batch_size, cfg.width, cfg.amp),
+                                        cfg.amp)
+        real = emulated_run(st.source, ropts, compute[key][0], cfg.steps, cell_dir)
         profile = {"node_kind": "emulated", "accelerator": asdict(acc)}
     step_s, how = compute[key]
     return {"compute_only": {"step_s": step_s, "samples_per_s": cfg.batch_size / step_s, "how": how},
@@ -376,11 +435,14 @@ def verdict(cell: dict) -> dict:
                 "A faster device or more devices help; repacking does not."}
     if i < 0.9 * c:
         if cell["store"] == "blob":
-            prof = cell.get("blob_profile")
+            prof = cell["storage"]["profile"]
             lat = f"{_profile_latency(prof):.0f} ms each, " if prof else ""
-            return {"bottleneck": "io-latency", "advice": f"blob GETs: {lat}{cell['workers']} in flight -> at most "
-                    f"{i:.0f} samples/s for a device that takes {c:.0f}; repack into files of ~128 MB "
-                    "(convert --to delta) or raise --workers"}
+            conn = cell["connections"]
+            in_flight = conn["io_concurrency"] or conn["reader_workers"]
+            more = "allow more requests in flight (io_concurrency)" if conn["io_concurrency"] else "raise --workers"
+            return {"bottleneck": "io-latency", "advice": f"blob GETs: {lat}{in_flight} in flight -> at most "
+                    f"{i:.0f} samples/s for a device that takes {c:.0f}; repack into files of "
+                    f"~128 MB (convert --to delta) or {more}"}
         need = int(np.ceil(cores * c / max(i, 1e-9)))
         return {"bottleneck": "ingest", "advice": f"read/decode-bound on {cores} vCPUs: the reader delivers {i:.0f} "
                 f"samples/s, the device takes {c:.0f}; needs ~{need} vCPUs per device, or offload preprocessing "

@@ -15,12 +15,35 @@ from . import charts as charts_mod
 from .cost import CATALOG, load_catalog, project, recommend
 from .matrix import load_results
 
+
 def _cells(records):
     cells = {}
     for r in records:  # the last repeat of a cell wins the table; all stay in results.jsonl
         if r["kind"] == "cell":
             cells[(r["store"], r["node"], r["framework"])] = r
     return cells
+
+
+def _locations(records) -> list[dict]:
+    """The location-effect measurements: one per run (merged results hold several)."""
+    return [r for r in records if r["kind"] == "location-effect"]
+
+
+def _storage_key(cell) -> tuple:
+    """Where a cell read from and with which connection budget: cells compared for the layout
+    effect must share it."""
+    return cell["storage"]["backend"], cell["storage"]["profile"], tuple(sorted(cell["connections"].items()))
+
+
+def _place(rec) -> str:
+    st = rec["storage"]
+    return f"{st['backend']} storage, " + (f"emulated {st['profile']} latency" if st["profile"] else "no latency emulation")
+
+
+def _budget(rec) -> str:
+    conn = rec["connections"]
+    requests = f", {conn['io_concurrency']} requests in flight" if conn["io_concurrency"] else " (local reads)"
+    return f"{conn['reader_workers']} reader workers{requests}"
 
 
 def _node_label(cell) -> str:
@@ -54,6 +77,7 @@ def _failure_line(rec: dict) -> str:
 def build(out: str, *, target_samples: int = 650_000, target_epochs: int = 5, catalog: Path = CATALOG) -> dict:
     records = load_results(out)
     cells = _cells(records)
+    locations = _locations(records)
     errors = [r for r in records if r["kind"] == "error"]
     failed = _failed(records, cells)
     stores = charts_mod.store_order(k[0] for k in cells)
@@ -66,7 +90,8 @@ def build(out: str, *, target_samples: int = 650_000, target_epochs: int = 5, ca
     outdir = Path(out)
     _write_csv(outdir / "results.csv", cells.values(), failed.values())
     if cells:
-        md = _markdown(cells, stores, nodes, frameworks, projections, rec, notes, errors, target_samples, target_epochs)
+        md = _markdown(cells, locations, stores, nodes, frameworks, projections, rec, notes, errors, target_samples,
+                       target_epochs)
     else:
         md = _markdown_nothing_measured(records, errors)
     (outdir / "report.md").write_text(md)
@@ -77,7 +102,8 @@ def build(out: str, *, target_samples: int = 650_000, target_epochs: int = 5, ca
             "recommendation": rec}
 
 
-CSV_COLUMNS = ["store", "node", "framework", "node_kind", "compute_only_samples_per_s", "compute_how",
+CSV_COLUMNS = ["store", "node", "framework", "node_kind", "storage", "storage_profile", "reader_workers",
+               "io_concurrency", "compute_only_samples_per_s", "compute_how",
                "ingest_only_samples_per_s", "samples_per_s", "mb_per_s", "stall_fraction", "au",
                "cpu_percent_mean", "rss_mb_max", "bottleneck", "advice", "failed_stage", "error"]
 
@@ -89,7 +115,9 @@ def _write_csv(path: Path, cells, failed) -> None:
         w.writerow(CSV_COLUMNS)
         for c in cells:
             u = c["real"].get("utilization", {})
-            w.writerow([c["store"], c["node"], c["framework"], c.get("node_kind"), c["compute_only"]["samples_per_s"],
+            w.writerow([c["store"], c["node"], c["framework"], c.get("node_kind"), c["storage"]["backend"],
+                        c["storage"]["profile"] or "none", c["connections"]["reader_workers"],
+                        c["connections"]["io_concurrency"], c["compute_only"]["samples_per_s"],
                         c["compute_only"]["how"], c["ingest_only"]["samples_per_s"], c["real"]["samples_per_s"],
                         c["real"]["mb_per_s"], c["real"]["stall_fraction"], c["real"]["au"],
                         u.get("cpu_percent_mean"), u.get("rss_mb_max"), c["verdict"]["bottleneck"],
@@ -101,22 +129,24 @@ def _write_csv(path: Path, cells, failed) -> None:
             w.writerow(row.values())
 
 
-def _markdown(cells, stores, nodes, frameworks, projections, rec, notes, errors, target, epochs) -> str:
+def _markdown(cells, locations, stores, nodes, frameworks, projections, rec, notes, errors, target, epochs) -> str:
     any_cell = next(iter(cells.values()))
     env = any_cell["env"]
+    same_storage = len({_storage_key(c) for c in cells.values()}) == 1
     lines = ["# Storage A/B report", "",
              f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · machine: {env['cores']} vCPUs, {env['ram_gb']} GB RAM, "
              f"GPU: {env['gpu'] or 'none'} · samples {'x'.join(map(str, any_cell['sample_shape']))} "
              f"({any_cell['sample_bytes'] / 1e3:.0f} KB) · batch {any_cell['batch_size']} · model ResNet-18 width "
-             f"{any_cell['width']} · blob profile: {any_cell.get('blob_profile') or next((c.get('blob_profile') for c in cells.values() if c.get('blob_profile')), 'none')}",
+             f"{any_cell['width']} · every store read from: "
+             + (f"{_place(any_cell)}; {_budget(any_cell)}" if same_storage else "different storage or budgets (see each cell)"),
              "", f"## Training time for {target:,} samples x {epochs} epochs", "",
              "Projected from the rate measured in each cell (real run: the reader feeding the step). "
              "Emulated nodes compute for the profile's step time (\"estimate\": from FLOPs and the datasheet peak).", ""]
     for fw in frameworks:
-        lines += [f"**{fw}**", "", "| node | " + " | ".join(stores) + " | compacted vs blob |",
+        lines += [f"**{fw}**", "", "| node | " + " | ".join(stores) + " | layout effect: compacted vs blob |",
                   "|---|" + "---|" * (len(stores) + 1)]
         for node in nodes:
-            row, rates = [], {}
+            row, rates, row_cells = [], {}, []
             label = None
             for s in stores:
                 c = cells.get((s, node, fw))
@@ -124,12 +154,16 @@ def _markdown(cells, stores, nodes, frameworks, projections, rec, notes, errors,
                     row.append("-")
                     continue
                 label = label or _node_label(c)
+                row_cells.append(c)
                 rates[s] = c["real"]["samples_per_s"]
                 row.append(f"{_hours(target, epochs, rates[s])} ({rates[s]:,.0f}/s)")
             best = max((rates[s] for s in rates if s != "blob"), default=None)
             ratio = f"{best / rates['blob']:.1f}x faster" if best and rates.get("blob") else "-"
+            if ratio != "-" and len({_storage_key(c) for c in row_cells}) > 1:
+                ratio += " (mixes location and layout)"
             lines.append(f"| {label or node} | " + " | ".join(row) + f" | {ratio} |")
         lines.append("")
+    lines += _effects(cells, locations, same_storage)
     lines += ["## Why: each cell", "",
               "| store | node | fw | compute-only /s | ingest-only /s | real /s | MB/s | stall | AU | CPU % | bottleneck | advice |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -175,6 +209,36 @@ def _markdown(cells, stores, nodes, frameworks, projections, rec, notes, errors,
         lines += ["Catalog notes:", ""] + [f"- {n}" for n in notes] + [""]
     lines += _failures_section(errors)
     return "\n".join(lines) + "\n"
+
+
+def _effects(cells, locations, same_storage: bool) -> list[str]:
+    """The layout effect (compacted vs small files, same storage, same connection budget) and
+    the location effect (the same compacted store on that storage vs on local disk), each from
+    ingest-only rates; a comparison that mixes the two says so."""
+    ingest = {c["store"]: c["ingest_only"]["samples_per_s"] or 0 for c in cells.values()}
+    lines = ["## Layout effect and location effect", ""]
+    compacted = {s: r for s, r in ingest.items() if s != "blob"}
+    if compacted and ingest.get("blob"):
+        best = max(compacted, key=compacted.get)
+        figures = (f"ingest-only, the best compacted store ({best}) {compacted[best]:,.0f} samples/s, the small files "
+                   f"{ingest['blob']:,.0f} samples/s: **{compacted[best] / ingest['blob']:.1f}x**")
+        if same_storage:
+            any_cell = next(iter(cells.values()))
+            lines.append(f"- **Layout effect** (compacted vs small files, both on {_place(any_cell)}, both read with "
+                         f"{_budget(any_cell)}): {figures}. Per node, in the real run: the table's last column.")
+        else:
+            lines.append("- **Compacted vs small files, mixing location and layout**: the cells were read from "
+                         f"different storage or with different connection budgets, so this is not the layout effect "
+                         f"alone: {figures}.")
+    for loc in locations:
+        local, remote = loc["local_disk"]["samples_per_s"], loc["on_storage"]["samples_per_s"]
+        lines.append(f"- **Location effect** (the same {loc['store']} store, both read with {_budget(loc)}): ingest-only "
+                     f"from local disk as it is {local:,.0f} samples/s, from {_place(loc)}: {remote:,.0f} samples/s: "
+                     f"**{local / remote:.1f}x** faster on local disk.")
+    if not locations:
+        lines.append("- **Location effect**: not measured (the cells read local disk as it is, with no latency "
+                     "emulation; or its measurement failed: see the failures below).")
+    return lines + [""]
 
 
 def _failures_section(errors) -> list[str]:

@@ -37,7 +37,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     run.add_argument("--batch-size", type=int, default=32)
     run.add_argument("--width", type=int, default=64)
     run.add_argument("--workers", type=int, default=8)
-    run.add_argument("--blob-profile", default="none", help="none on a real cloud (latency is real there)")
+    run.add_argument("--storage-profile", default="none", help="latency emulation around every store; none on a "
+                     "real cloud (latency is real there)")
     merge = sub.add_parser("merge", help="merge several runs into one report")
     merge.add_argument("--out", required=True)
     merge.add_argument("--inputs", required=True, help="comma-separated labels of the runs under OUT")
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> dict:
     cfg = MatrixConfig(src=args.src, out=str(out), labels_csv=args.labels, stores=csv(args.stores),
                        nodes=csv(args.nodes), frameworks=csv(args.frameworks), steps=args.steps,
                        cpu_steps=args.cpu_steps, batch_size=args.batch_size, width=args.width, workers=args.workers,
-                       blob_profile=None if args.blob_profile == "none" else args.blob_profile)
+                       storage_profile=None if args.storage_profile == "none" else args.storage_profile)
     records = run_matrix(cfg, log=lambda m: print(redact(m), file=sys.stderr))
     summary = {"results": str(out / "results.jsonl"), "cells": sum(r["kind"] == "cell" for r in records),
                "errors": sum(r["kind"] == "error" for r in records)}

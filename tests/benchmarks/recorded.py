@@ -7,14 +7,15 @@ from trainfeed.benchmarks.matrix import RESULTS_VERSION, verdict
 
 def cell(store: str = "parquet", node: str = "t4", framework: str = "torch", *, compute: float = 100.0,
          ingest: float | None = 100.0, real: float = 100.0, stall: float = 0.0, cores: int = 4,
-         swap_mb: float = 0.0, node_kind: str = "emulated", blob_profile: str | None = None, workers: int = 4,
-         batch_size: int = 10, flops_per_step: float = 1e12, sample_bytes: int = 4000,
-         timeline: list[dict] | None = None) -> dict:
+         swap_mb: float = 0.0, node_kind: str = "emulated", profile: str | None = None, backend: str = "local",
+         workers: int = 4, io_concurrency: int | None = 8, batch_size: int = 10, flops_per_step: float = 1e12,
+         sample_bytes: int = 4000, timeline: list[dict] | None = None) -> dict:
     rec = {
         "kind": "cell", "results_version": RESULTS_VERSION, "repeat": 0, "store": store, "node": node,
         "framework": framework, "batch_size": batch_size, "width": 8, "sample_shape": [10, 10, 4, 2],
-        "sample_bytes": sample_bytes, "flops_per_step": flops_per_step, "blob_profile": blob_profile,
-        "workers": workers, "node_kind": node_kind,
+        "sample_bytes": sample_bytes, "flops_per_step": flops_per_step, "node_kind": node_kind,
+        "storage": {"backend": backend, "url": f"/stores/{store}", "profile": profile},
+        "connections": {"reader_workers": workers, "io_concurrency": io_concurrency},
         "env": {"cores": cores, "ram_gb": 16.0, "gpu": None},
         "compute_only": {"step_s": batch_size / compute, "samples_per_s": compute,
                          "how": "measured" if node_kind == "real" else "estimate"},
@@ -31,3 +32,14 @@ def error(store: str, node: str, message: str, stage: str = "cell", framework: s
     return {"kind": "error", "results_version": RESULTS_VERSION, "repeat": 0, "store": store, "node": node,
             "framework": framework, "stage": stage, "error": message,
             "env": {"cores": 4, "ram_gb": 16.0, "gpu": None}}
+
+
+def location(store: str, *, local: float, on_storage: float, backend: str = "azurite",
+             profile: str | None = "azure-blob", workers: int = 4, io_concurrency: int | None = 8) -> dict:
+    """The location-effect record: one compacted store's ingest-only rate on the backend and
+    from a local copy."""
+    return {"kind": "location-effect", "results_version": RESULTS_VERSION, "repeat": 0, "store": store,
+            "storage": {"backend": backend, "url": f"abfs://trainfeed/stores/{store}", "profile": profile},
+            "connections": {"reader_workers": workers, "io_concurrency": io_concurrency},
+            "env": {"cores": 4, "ram_gb": 16.0, "gpu": None}, "local_copy": f"/out/local-copy/{store}",
+            "on_storage": {"samples_per_s": on_storage}, "local_disk": {"samples_per_s": local}}

@@ -1,7 +1,9 @@
-"""`storage-bench`: the A/B matrix end to end (Azurite as the blob backend), its report in a
-real headless browser, and its bad inputs."""
+"""`storage-bench`: the A/B matrix end to end, every store staged on one backend (local disk or
+Azurite, behind the cloud-latency emulation), what each cell read checked against the source,
+its report in a real headless browser, and its bad inputs."""
 from __future__ import annotations
 
+import csv
 import html
 import json
 import shutil
@@ -13,6 +15,10 @@ import pytest
 from tests.conftest import run_cli
 
 TINY = ["--width", "8", "--batch-size", "8", "--steps", "4", "--cpu-steps", "2", "--workers", "2"]
+#: 96 samples in batches of 8: 12 steps read exactly one epoch, every sample once
+EPOCH = ["--width", "8", "--batch-size", "8", "--steps", "12", "--cpu-steps", "2", "--workers", "2",
+         "--io-concurrency", "4"]
+COMPACTED = {"parquet": "parquet", "delta": "delta", "hdf5": "hdf5.h5"}
 
 
 def bench_cli(*args):
@@ -29,35 +35,100 @@ def tiny_dataset(tmp_path_factory):
     return root / "vols"
 
 
+def source_digest(folder) -> str:
+    """The digest of every (id, label) pair of a generated dataset, from its files and labels.csv."""
+    from trainfeed.benchmarks.matrix import id_label_digest
+
+    with open(folder / "labels.csv") as fh:
+        labels = {row["id"]: int(row["label"]) for row in csv.DictReader(fh)}
+    assert sorted(labels) == sorted(p.stem for p in folder.glob("*.npy"))
+    return id_label_digest(labels.items())
+
+
+def records_of(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+def assert_read_every_sample(records, expected: str) -> None:
+    """Every cell read the source's 96 samples with their labels (ingest-only, and the real run
+    on emulated nodes), whichever store and storage it read them from; so did the location
+    effect's read from local disk."""
+    for c in records:
+        if c["kind"] == "cell":
+            assert (c["ingest_only"]["samples"], c["ingest_only"]["ids_labels_sha256"]) == (96, expected), c["store"]
+            if c["node_kind"] == "emulated":
+                assert (c["real"]["samples_read"], c["real"]["ids_labels_sha256"]) == (96, expected), c["store"]
+        elif c["kind"] == "location-effect":
+            assert (c["local_disk"]["samples"], c["local_disk"]["ids_labels_sha256"]) == (96, expected)
+            assert c["on_storage"]["ids_labels_sha256"] == expected
+
+
+def test_local_backend_stages_every_store_on_local_disk_behind_the_emulation(tiny_dataset, tmp_path):
+    out = tmp_path / "o"
+    res = bench_cli("run", tiny_dataset, "--out", out, "--storage-backend", "local", "--storage-profile", "azure-blob",
+                    "--nodes", "cpu,t4", "--json", *EPOCH)
+    assert res.exit_code == 0, res.stderr
+    records = records_of(out)
+    cells = [r for r in records if r["kind"] == "cell"]
+    assert sorted((c["store"], c["node"]) for c in cells) == sorted(
+        (s, n) for s in ("blob", *COMPACTED) for n in ("cpu", "t4"))
+    for c in cells:  # the small files where they are, every compacted store in OUT/stores, all behind the emulation
+        where = str(tiny_dataset) if c["store"] == "blob" else str(out / "stores" / COMPACTED[c["store"]])
+        assert c["storage"] == {"backend": "local", "url": where, "profile": "azure-blob"}
+        assert c["connections"] == {"reader_workers": 2, "io_concurrency": 4}
+    assert_read_every_sample(records, source_digest(tiny_dataset))
+    (loc,) = [r for r in records if r["kind"] == "location-effect"]
+    assert loc["local_copy"] == loc["storage"]["url"]  # the same store, read without the emulation
+    assert loc["storage"]["profile"] == "azure-blob" and loc["store"] in COMPACTED
+    progress = res.stderr.splitlines()
+    for store in COMPACTED:  # a line as each store is staged and as each cell starts and ends
+        assert any(line.startswith(f"stage {store}: converting {tiny_dataset} -> ") for line in progress)
+        assert any(line.startswith(f"stage {store}: 96 samples, ") for line in progress)
+    assert progress.count("cell blob x t4 torch: start") == 1
+    assert any(line.startswith("cell blob x t4 torch: ") and "samples/s" in line for line in progress)
+    md = (out / "report.md").read_text()
+    assert "- **Layout effect** (compacted vs small files, both on local storage, emulated azure-blob latency, " \
+           "both read with 2 reader workers, 4 requests in flight)" in md
+    assert f"- **Location effect** (the same {loc['store']} store, both read with 2 reader workers" in md
+
+
 @pytest.fixture(scope="module")
 def ab_run(tmp_path_factory, tiny_dataset):
     out = tmp_path_factory.mktemp("ab-out") / "run"
-    res = bench_cli("run", tiny_dataset, "--out", out, "--nodes", "cpu,t4,h100", "--blob-backend", "azurite",
-                    "--json", *TINY)
+    res = bench_cli("run", tiny_dataset, "--out", out, "--nodes", "cpu,t4,h100", "--storage-backend", "azurite",
+                    "--storage-profile", "azure-blob", "--json", *EPOCH)
     assert res.exit_code == 0, res.stderr
-    return out, json.loads(res.stdout)
+    return out, json.loads(res.stdout), res.stderr
 
 
 @pytest.mark.azurite
-@pytest.mark.slow
-def test_matrix_with_azurite_measures_every_cell(ab_run):
-    out, info = ab_run
-    cells = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert {(c["store"], c["node"]) for c in cells if c["kind"] == "cell"} == {
-        (s, n) for s in ("blob", "parquet", "delta", "hdf5") for n in ("cpu", "t4", "h100")}
-    for c in cells:
-        assert c["kind"] == "cell", c
+def test_matrix_on_azurite_reads_every_store_from_azurite(ab_run, tiny_dataset):
+    out, info, stderr = ab_run
+    records = records_of(out)
+    cells = [r for r in records if r["kind"] == "cell"]
+    assert {(c["store"], c["node"]) for c in cells} == {
+        (s, n) for s in ("blob", *COMPACTED) for n in ("cpu", "t4", "h100")}
+    for c in cells:  # the small files uploaded, the compacted stores written there by convert: no local store
+        name = "small-files" if c["store"] == "blob" else COMPACTED[c["store"]]
+        assert c["storage"] == {"backend": "azurite", "url": f"abfs://trainfeed/stores/{name}", "profile": "azure-blob"}
         assert c["compute_only"]["samples_per_s"] > 0 and c["ingest_only"]["samples_per_s"] > 0
         real = c["real"]
         assert real["steps"] >= 2 and real["stall_fraction"] + real["au"] == pytest.approx(1, abs=1e-3)
         assert c["verdict"]["bottleneck"] in ("compute", "io-latency", "ingest", "contention", "ram")
         assert c["env"]["cores"] >= 1 and "torch" in c["env"]
         assert c["compute_only"]["how"] == ("measured" if c["node"] == "cpu" else "estimate")
+    assert not (out / "stores").exists()
     blob_h100 = next(c for c in cells if c["store"] == "blob" and c["node"] == "h100")
-    assert blob_h100["blob_profile"] == "azure-blob"
     assert blob_h100["verdict"]["bottleneck"] == "io-latency"  # 20 ms GETs cannot feed an emulated H100
+    assert_read_every_sample(records, source_digest(tiny_dataset))
+    (loc,) = [r for r in records if r["kind"] == "location-effect"]
+    assert loc["local_copy"] == str(out / "local-copy" / COMPACTED[loc["store"]])  # downloaded from Azurite
+    assert "stage small files: 97 files" in stderr  # 96 volumes and labels.csv, uploaded
     md = (out / "report.md").read_text()
-    assert md.index("## Training time") < md.index("## Why: each cell") < md.index("## What it costs")
+    assert md.index("## Training time") < md.index("## Layout effect") < md.index("## Why: each cell") \
+        < md.index("## What it costs")
+    assert "every store read from: azurite storage, emulated azure-blob latency; 2 reader workers, 4 requests in flight" \
+        in md and "mixes location and layout" not in md
     assert "h100 (emulated, estimate)" in md and "no price" in md
     assert info["cells"] == 12 and info["errors"] == 0
     assert (out / "results.csv").read_text().count("\n") == 13
@@ -69,7 +140,7 @@ def test_report_renders_in_headless_chromium(ab_run, tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("chromium is not installed (.ci/run installs it from Debian's packages)")
-    out, _ = ab_run
+    out, _, _ = ab_run
     flags = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
              "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
              "--enable-logging=stderr", "--v=0"]
@@ -94,8 +165,16 @@ def test_unknown_store_and_node_are_usage_errors(tiny_dataset, tmp_path):
     assert res.exit_code == 2 and "unknown store 'zarr'" in res.stderr
     res = bench_cli("run", tiny_dataset, "--out", tmp_path / "o", "--nodes", "tpu9", *TINY)
     assert res.exit_code == 2 and "unknown node 'tpu9'" in res.stderr
-    res = bench_cli("run", tiny_dataset, "--out", tmp_path / "o", "--blob-profile", "floppy", *TINY)
+    res = bench_cli("run", tiny_dataset, "--out", tmp_path / "o", "--storage-profile", "floppy", *TINY)
     assert res.exit_code == 2 and "unknown blob profile 'floppy'" in res.stderr
+    res = bench_cli("run", tiny_dataset, "--out", tmp_path / "o", "--storage-backend", "nowhere", *TINY)
+    assert res.exit_code == 2 and "--storage-backend nowhere: choose local, azurite, or a URL" in res.stderr
+    res = bench_cli("run", tiny_dataset, "--out", tmp_path / "o", "--storage-backend",
+                    "abfs://c/stores?sig=PLANTED", *TINY)
+    assert res.exit_code == 2 and "credentials go in --storage-option" in res.stderr and "PLANTED" not in res.stderr
+    res = bench_cli("run", tiny_dataset, "--out", tmp_path / "o", "--blob-profile", "azure-blob", *TINY)
+    assert res.exit_code == 2 and "No such option: --blob-profile" in res.stderr  # renamed --storage-profile
+    assert not (tmp_path / "o").exists()
 
 
 def test_generate_with_a_shape_of_the_wrong_rank_is_a_usage_error(tmp_path):
@@ -167,13 +246,11 @@ def test_partially_failed_matrix_keeps_completed_cells(tiny_dataset, tmp_path, m
 
 
 @pytest.mark.azurite
-def test_remote_source_and_remote_labels_under_latency_emulation(azurite_server, tmp_path):
-    """SRC and --labels both on Azure Blob (Azurite), the blob store behind the azure-blob
-    latency emulation: the labels are read through the emulated filesystem with the source's
-    options (before: the emulation's options were handed to abfs and the run failed)."""
+def test_url_backend_holding_the_source_stages_the_stores_beside_it(azurite_server, tmp_path):
+    """SRC and --labels on Azure Blob (Azurite), --storage-backend a URL on the same storage: the
+    small files are read where they are (not copied), the compacted stores are written beside
+    them, and every store, the labels too, is read through the latency emulation."""
     import fsspec
-
-    from trainfeed.converters import parquet
 
     src = tmp_path / "vols"
     assert bench_cli("generate", "volumes", src, "--count", "32", "--shape", "6x6x2x2", "--seed", "5").exit_code == 0
@@ -182,35 +259,41 @@ def test_remote_source_and_remote_labels_under_latency_emulation(azurite_server,
     fs.put(str(src), "bench-remote/vols", recursive=True)
     out = tmp_path / "out"
     res = bench_cli("run", "abfs://bench-remote/vols", "--labels", "abfs://bench-remote/vols/labels.csv",
+                    "--storage-backend", "abfs://bench-remote/ab", "--storage-profile", "azure-blob",
                     "--storage-option", f"connection_string={azurite_server.connection_string}",
-                    "--blob-profile", "azure-blob", "--out", out, "--nodes", "t4", "--stores", "blob,parquet",
-                    "--json", *TINY)
+                    "--out", out, "--nodes", "t4", "--stores", "blob,parquet", "--json", *TINY)
     assert res.exit_code == 0, res.stderr
-    cells = {c["store"]: c for c in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
-    assert {s: c["kind"] for s, c in cells.items()} == {"blob": "cell", "parquet": "cell"}
-    blob = cells["blob"]
-    assert blob["blob_profile"] == "azure-blob" and blob["ingest_only"]["samples"] == 32
-    # 2 workers, 20 ms per emulated GET: at most 100 samples/s however fast Azurite answers
-    assert 0 < blob["ingest_only"]["samples_per_s"] <= 100 * 1.05
-    expected = dict(line.split(",") for line in (src / "labels.csv").read_text().splitlines()[1:])
-    stored = {sid: label for sid, label, _ in parquet.read_samples(out / "stores" / "parquet")}
-    assert stored == {sid: int(label) for sid, label in expected.items()}
+    records = records_of(out)
+    cells = {c["store"]: c for c in records if c["kind"] == "cell"}
+    assert {s: c["storage"]["url"] for s, c in cells.items()} == {
+        "blob": "abfs://bench-remote/vols", "parquet": "abfs://bench-remote/ab/parquet"}
+    assert {c["storage"]["backend"] for c in cells.values()} == {"abfs"}
+    assert "stage small files: already on abfs: abfs://bench-remote/vols" in res.stderr
+    assert fs.ls("bench-remote/ab") == ["bench-remote/ab/parquet"]
+    (loc,) = [r for r in records if r["kind"] == "location-effect"]
+    assert loc["local_copy"] == str(out / "local-copy" / "parquet")
+    # 4 steps of 8 read 32 samples: the whole dataset, with the labels of the remote CSV
+    from trainfeed.benchmarks.matrix import id_label_digest
+
+    labels = dict(line.split(",") for line in (src / "labels.csv").read_text().splitlines()[1:])
+    expected = id_label_digest(labels.items())
+    assert {s: (c["ingest_only"]["samples"], c["ingest_only"]["ids_labels_sha256"]) for s, c in cells.items()} == {
+        "blob": (32, expected), "parquet": (32, expected)}
+    assert loc["local_disk"]["ids_labels_sha256"] == expected
 
 
-def test_labels_on_other_storage_than_an_emulated_source_is_a_usage_error(tiny_dataset, tmp_path):
+def test_labels_on_other_storage_than_the_backend_is_a_usage_error(tiny_dataset, tmp_path):
     res = bench_cli("run", tiny_dataset, "--labels", "s3://bucket/labels.csv", "--out", tmp_path / "o",
                     "--nodes", "t4", "--stores", "blob", *TINY)
     assert res.exit_code == 2
-    assert "--labels s3://bucket/labels.csv: under --blob-profile the labels must be a local file or on the same " \
-           "storage as SRC (file://)" in res.stderr
+    assert "--labels s3://bucket/labels.csv: must be a local file, inside SRC, or on the storage backend (local); " \
+           "copy it there" in res.stderr
     assert not (tmp_path / "o").exists()
 
 
 def test_matrix_where_every_cell_fails_still_reports_why(tiny_dataset, tmp_path):
     """A labels CSV that labels none of the files: the blob store cannot open, the Parquet
     store cannot be converted. Every cell fails; the report, CSV and JSONL say why; exit 1."""
-    import csv
-
     labels = tmp_path / "other.csv"
     labels.write_text("id,label\nnot_a_sample,1\n")
     out = tmp_path / "o"

@@ -20,11 +20,11 @@ ROWS = [
      f"compute-bound (AU 50%): the accelerator is the limit; storage is not. {COMPUTE_ADVICE}"),
     ("real at 90% of compute, real CPU", cell(node="cpu", node_kind="real", compute=100, ingest=10, real=90),
      "compute", f"compute-bound (AU 100%): the CPU is the limit; storage is not. {COMPUTE_ADVICE}"),
-    ("blob under a latency profile", cell("blob", compute=1000, ingest=100, real=100, workers=4,
-                                          blob_profile="azure-blob"), "io-latency",
-     "blob GETs: 20 ms each, 4 in flight -> at most 100 samples/s for a device that takes 1000; repack into files "
-     "of ~128 MB (convert --to delta) or raise --workers"),
-    ("blob as it is", cell("blob", compute=1000, ingest=100, real=100, workers=8), "io-latency",
+    ("blob under a latency profile", cell("blob", compute=1000, ingest=100, real=100, workers=4, io_concurrency=16,
+                                          profile="azure-blob"), "io-latency",
+     "blob GETs: 20 ms each, 16 in flight -> at most 100 samples/s for a device that takes 1000; repack into files "
+     "of ~128 MB (convert --to delta) or allow more requests in flight (io_concurrency)"),
+    ("blob as it is", cell("blob", compute=1000, ingest=100, real=100, workers=8, io_concurrency=None), "io-latency",
      "blob GETs: 8 in flight -> at most 100 samples/s for a device that takes 1000; repack into files of ~128 MB "
      "(convert --to delta) or raise --workers"),
     ("ingest below 90% of compute", cell(compute=1000, ingest=300, real=299, cores=4), "ingest",
