@@ -16,6 +16,7 @@ an optional local disk cache.
 """
 from __future__ import annotations
 
+import gc
 import hashlib
 import io
 import os
@@ -132,6 +133,35 @@ class Fetcher:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
+class _GCPause:
+    """Automatic garbage collection held off while any thread is inside a RangeFile read.
+
+    h5py calls ``readinto`` holding its global lock, and the request runs on fsspec's event
+    loop thread; were a collection to start there and free an h5py object (which takes that
+    lock), the two threads would wait on each other until the call times out."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._inside = 0
+        self._was_enabled = False
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._inside == 0:
+                self._was_enabled = gc.isenabled()
+                gc.disable()
+            self._inside += 1
+
+    def __exit__(self, *exc) -> None:
+        with self._lock:
+            self._inside -= 1
+            if self._inside == 0 and self._was_enabled:
+                gc.enable()
+
+
+_GC_PAUSE = _GCPause()
+
+
 class RangeFile(io.RawIOBase):
     """A read-only seekable view of one object whose reads are served from a prefetched span,
     else from a small cache of ``BLOCK_SIZE`` blocks fetched on demand."""
@@ -176,6 +206,10 @@ class RangeFile(io.RawIOBase):
         return block
 
     def readinto(self, buffer) -> int:
+        with _GC_PAUSE:
+            return self._readinto(buffer)
+
+    def _readinto(self, buffer) -> int:
         view = memoryview(buffer).cast("B")
         n = max(0, min(len(view), self.size - self._pos))
         pos, done = self._pos, 0
