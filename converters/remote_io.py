@@ -19,6 +19,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import io
+import mmap
 import os
 import threading
 import uuid
@@ -55,10 +56,14 @@ class DiskCache:
         digest = hashlib.sha256(key.encode()).hexdigest()
         return self.folder / digest[:2] / f"{digest}.bin"
 
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: str) -> bytes | memoryview | None:
+        """The range, mapped from its file (no copy until it is read; an eviction meanwhile
+        does not affect a mapping already made)."""
         file = self._file(key)
         try:
-            data = file.read_bytes()
+            with open(file, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                data = memoryview(mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)) if size else b""
         except FileNotFoundError:
             return None
         with self._lock:
@@ -112,8 +117,9 @@ class Fetcher:
                           "its listing says (changed or truncated)")
         return data
 
-    def fetch(self, path: str, start: int, end: int) -> bytes:
-        """Bytes ``start:end`` of ``path``; spans over ``part_size`` are fetched as concurrent parts."""
+    def fetch(self, path: str, start: int, end: int) -> bytes | memoryview:
+        """Bytes ``start:end`` of ``path`` (a memoryview when they come from the disk cache);
+        spans over ``part_size`` are fetched as concurrent parts."""
         key = f"{self._key_prefix}{path}|{start}|{end}"
         if self.cache is not None:
             cached = self.cache.get(key)
@@ -249,7 +255,7 @@ class CachingFileSystem:
     def cat_file(self, path, start=None, end=None, **kwargs):
         if end is None:
             return call(self._fetcher.fs, "cat_file", path, start=start, end=end, deadline=self._fetcher.deadline)
-        return self._fetcher.fetch(path, start or 0, end)
+        return bytes(self._fetcher.fetch(path, start or 0, end))
 
 
 def open_fetcher(location, io_concurrency: int = DEFAULT_IO_CONCURRENCY, cache_dir=None,
