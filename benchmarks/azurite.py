@@ -2,19 +2,15 @@
 
 Installed by ``make install`` (``npm install`` from package.json). The node process is
 started directly (not through npx) so the PID held is the server's; it may ignore SIGTERM
-for a while, so stopping waits briefly and then kills it.
+for a while, so stopping waits briefly and then kills it (see localserver.py).
 """
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import socket
-import subprocess
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from .localserver import LocalServer, launch
 
 ACCOUNT = "devstoreaccount1"
 # The emulator's well-known development key (public, documented by Microsoft; not a secret).
@@ -37,25 +33,8 @@ def find_binary() -> Path:
     raise AzuriteError("Azurite is not installed: run `make install` (it runs `npm install` in the repository)")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def port_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
 @dataclass
-class Azurite:
-    port: int
-    process: subprocess.Popen
-    workdir: Path
-    owns_workdir: bool
-
+class Azurite(LocalServer):
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}/{ACCOUNT}"
@@ -70,48 +49,13 @@ class Azurite:
         """fsspec/adlfs options for abfs:// URLs against this emulator."""
         return {"connection_string": self.connection_string}
 
-    def stop(self, timeout: float = 5.0) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout)
-        if self.owns_workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> Azurite:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
 
 def start(port: int | None = None, workdir: Path | None = None, timeout: float = 30.0) -> Azurite:
     """Start Azurite's blob service on 127.0.0.1; fails clearly if the port is taken."""
     binary = find_binary()
-    if port is not None and port_open(port):
-        raise AzuriteError(f"port {port} on 127.0.0.1 is already in use; choose another (or omit it for a free one)")
-    port = port or free_port()
-    owns = workdir is None
-    workdir = Path(workdir or tempfile.mkdtemp(prefix="trainfeed-azurite-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    log = open(workdir / "azurite.log", "wb")
-    proc = subprocess.Popen(
-        [str(binary), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(workdir),
-         "--silent", "--skipApiVersionCheck", "--loose", "--disableTelemetry"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ}, start_new_session=True,
-    )
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AzuriteError(f"Azurite exited with code {proc.returncode}; see {workdir / 'azurite.log'}")
-        if port_open(port):
-            return Azurite(port, proc, workdir, owns)
-        time.sleep(0.1)
-    proc.kill()
-    raise AzuriteError(f"Azurite did not start listening on port {port} within {timeout:.0f} s")
+    return launch(Azurite, lambda p, w: [str(binary), "--blobHost", "127.0.0.1", "--blobPort", str(p), "--location",
+                                         str(w), "--silent", "--skipApiVersionCheck", "--loose", "--disableTelemetry"],
+                  name="Azurite", error=AzuriteError, port=port, workdir=workdir, timeout=timeout)
 
 
 def main() -> None:

@@ -1,25 +1,19 @@
 """moto's S3 server, as a real S3 HTTP endpoint on loopback (the way s3fs's own tests run it).
 
-Installed with the ``dev`` extra (``moto[server]``). The server runs as a subprocess of its
-own (``python -m moto.server``) in a new session, so that the PID held is the server's and a
-server that hangs can be killed with its children. Any key and secret are accepted; the ones
-here are fixed so that tests can look for them in what trainfeed prints and writes.
+Installed with the ``dev`` extra (``moto[server]``); run as ``python -m moto.server`` in a
+process of its own (see localserver.py: in-process, it deadlocks against delta-rs, whose
+HTTP calls hold the GIL). Any key and secret are accepted; the ones here are fixed so that
+tests can look for them in what trainfeed prints and writes.
 """
 from __future__ import annotations
 
 import importlib.util
-import os
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from .azurite import free_port, port_open
+from .localserver import LocalServer, launch
 
 ACCESS_KEY = "trainfeed-test-key"
 # moto accepts any secret; this one is planted so tests can search outputs for it.
@@ -32,12 +26,7 @@ class S3ServerError(RuntimeError):
 
 
 @dataclass
-class S3Server:
-    port: int
-    process: subprocess.Popen
-    workdir: Path
-    owns_workdir: bool
-
+class S3Server(LocalServer):
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
@@ -78,33 +67,10 @@ class S3Server:
         with urllib.request.urlopen(req, timeout=10):
             pass
 
-    def stop(self, timeout: float = 5.0) -> None:
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.process.wait(timeout)
-        if self.owns_workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def __enter__(self) -> S3Server:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-def _answers(endpoint: str) -> bool:
+def _answers(server: S3Server) -> bool:
     try:
-        with urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1):
+        with urllib.request.urlopen(f"{server.endpoint}/moto-api/", timeout=1):
             return True
     except OSError:
         return False
@@ -114,24 +80,6 @@ def start(port: int | None = None, workdir: Path | None = None, timeout: float =
     """Start moto's S3 server on 127.0.0.1; fails clearly if the port is taken or moto is missing."""
     if importlib.util.find_spec("moto") is None or importlib.util.find_spec("flask") is None:
         raise S3ServerError("moto's server is not installed: pip install 'moto[server]' (the dev extra)")
-    if port is not None and port_open(port):
-        raise S3ServerError(f"port {port} on 127.0.0.1 is already in use; choose another (or omit it for a free one)")
-    port = port or free_port()
-    owns = workdir is None
-    workdir = Path(workdir or tempfile.mkdtemp(prefix="trainfeed-moto-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    log = open(workdir / "moto.log", "wb")
-    env = {**os.environ, "AWS_DEFAULT_REGION": REGION}
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=workdir, start_new_session=True)
-    log.close()
-    server = S3Server(port, proc, workdir, owns)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise S3ServerError(f"moto's server exited with code {proc.returncode}; see {workdir / 'moto.log'}")
-        if port_open(port) and _answers(server.endpoint):
-            return server
-        time.sleep(0.1)
-    server.stop()
-    raise S3ServerError(f"moto's server did not answer on port {port} within {timeout:.0f} s")
+    return launch(S3Server, lambda p, w: [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(p)],
+                  name="moto's server", error=S3ServerError, port=port, workdir=workdir, timeout=timeout,
+                  ready=_answers, env={"AWS_DEFAULT_REGION": REGION})
