@@ -147,7 +147,7 @@ def load_object_store(name_or_path) -> ObjectStore:
         return OBJECT_STORES[key]
     path = Path(name_or_path)
     if not path.is_file():
-        raise UsageError(f"unknown blob profile {str(name_or_path)!r}: choose from {', '.join(OBJECT_STORES)}, "
+        raise UsageError(f"unknown storage profile {str(name_or_path)!r}: choose from {', '.join(OBJECT_STORES)}, "
                          "or a profile file written by `storage-bench probe`")
     try:
         profile = ObjectStore(**json.loads(path.read_text()))

@@ -166,7 +166,7 @@ def test_unknown_store_and_node_are_usage_errors(tiny_dataset, tmp_path):
     res = bench_cli("run", tiny_dataset, "--out", tmp_path / "o", "--nodes", "tpu9", *TINY)
     assert res.exit_code == 2 and "unknown node 'tpu9'" in res.stderr
     res = bench_cli("run", tiny_dataset, "--out", tmp_path / "o", "--storage-profile", "floppy", *TINY)
-    assert res.exit_code == 2 and "unknown blob profile 'floppy'" in res.stderr
+    assert res.exit_code == 2 and "unknown storage profile 'floppy'" in res.stderr
     res = bench_cli("run", tiny_dataset, "--out", tmp_path / "o", "--storage-backend", "nowhere", *TINY)
     assert res.exit_code == 2 and "--storage-backend nowhere: choose local, azurite, or a URL" in res.stderr
     res = bench_cli("run", tiny_dataset, "--out", tmp_path / "o", "--storage-backend",

@@ -185,7 +185,7 @@ def test_profile_round_trip_and_url_option(tmp_path, blob):
 
 
 def test_bad_profiles_are_named(tmp_path):
-    with pytest.raises(UsageError, match="unknown blob profile 'floppy': choose from azure-blob, s3, lan, or a "
+    with pytest.raises(UsageError, match="unknown storage profile 'floppy': choose from azure-blob, s3, lan, or a "
                                          "profile file written by `storage-bench probe`"):
         load_object_store("floppy")
     bad = tmp_path / "bad.json"
