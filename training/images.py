@@ -2,15 +2,15 @@
 training time into what batches deliver: (n, H, W, C) uint8 arrays, uint16 for 16-bit
 greyscale PNGs, C = 1 for greyscale and 3 for colour.
 
-The read engine's worker threads decode a piece right after reading it (Pillow and simplejpeg
-release the GIL while they decode and resize). A JPEG larger than its output is decoded at a
-reduced DCT scale (``Image.draft``: a 360x480 photo decodes straight to 90x120 for a 64x64
-input), then resized with Pillow's bilinear filter; when simplejpeg (``trainfeed[jpeg]``) is
-installed it does that decode, at the scale Pillow would pick, to the same pixels, with less
-CPU (docs/BENCHMARKS.md). An image already at the output size and not augmented is decoded
-exactly as ``convert --image-storage decoded`` stores it. Training augmentation
-(random resized crop, horizontal flip) is drawn from (seed, epoch, sample id) alone, so a
-batch is the same whatever the worker count, shard or resume point.
+The read engine's worker threads decode a piece right after reading it (Pillow releases the
+GIL while it decodes and resizes). A JPEG larger than its output is decoded at a reduced DCT
+scale (``Image.draft``: a 360x480 photo decodes straight to 90x120 for a 64x64 input), then
+resized with Pillow's bilinear filter; an image already at the output size and not augmented
+is decoded exactly as ``convert --image-storage decoded`` stores it. Pillow is the only
+decoder, so the pixels do not depend on what else is installed (docs/BENCHMARKS.md compares
+simplejpeg and TensorFlow). Training augmentation (random resized crop, horizontal flip) is
+drawn from (seed, epoch, sample id) alone, so a batch is the same whatever the worker count,
+shard or resume point.
 """
 from __future__ import annotations
 
@@ -27,11 +27,6 @@ from trainfeed.converters.errors import SampleError, TrainfeedError
 from trainfeed.converters.layout import RAW, FieldSpec
 from trainfeed.converters.options import Columns
 from trainfeed.converters.sources import _IMAGE_ERRORS, _in_mode, _pixel_array, _undecodable, exact_pixels
-
-try:
-    import simplejpeg
-except ImportError:  # optional: Pillow alone decodes to the same pixels
-    simplejpeg = None
 
 #: Random resized crop: a crop covering this fraction of the image's area, at an aspect ratio
 #: (width / height) in CROP_RATIO, resized to the output size. Torchvision's lower bound, 0.08,
@@ -129,32 +124,16 @@ def _resized(where: str, img: Image.Image, data, decoding: Decoding, box: tuple)
     height, width = decoding.size
     full = img.size
     request = (math.ceil(width * full[0] / (box[2] - box[0])), math.ceil(height * full[1] / (box[3] - box[1])))
+    img.draft(img.mode, request)  # no-op unless JPEG
+    fx, fy = img.size[0] / full[0], img.size[1] / full[1]
     try:
-        scaled = _turbo(img, data, request, decoding.mode)
-        if scaled is None:
-            img.draft(img.mode, request)  # no-op unless JPEG
-            img.load()
-            scaled = _in_mode(where, img, data, decoding.mode)
-        fx, fy = scaled.size[0] / full[0], scaled.size[1] / full[1]
+        img.load()
+        scaled = _in_mode(where, img, data, decoding.mode)
         out = scaled.resize((width, height), Image.Resampling.BILINEAR,
                             box=(box[0] * fx, box[1] * fy, box[2] * fx, box[3] * fy))
     except _IMAGE_ERRORS as exc:
         raise _undecodable(where, exc) from exc
     return _pixel_array(out)
-
-
-def _turbo(img: Image.Image, data: bytes, request: tuple[int, int], mode: str) -> Image.Image | None:
-    """The JPEG decoded by simplejpeg at the DCT scale ``img.draft(mode, request)`` picks (1,
-    1/2, 1/4 or 1/8: asking for at least the image's size at that scale gets exactly it), so to
-    Pillow's pixels. None without simplejpeg, for other formats, and for a JPEG whose own
-    colours are not ``mode`` (Pillow converts those: CMYK, colour to greyscale)."""
-    if simplejpeg is None or img.format != "JPEG" or img.mode != mode:
-        return None
-    ratio = min(img.size[0] // request[0], img.size[1] // request[1])
-    scale = next((s for s in (8, 4, 2) if ratio >= s), 1)
-    arr = simplejpeg.decode_jpeg(data, colorspace="GRAY" if mode == "L" else "RGB",
-                                 min_height=-(-img.size[1] // scale), min_width=-(-img.size[0] // scale))
-    return Image.fromarray(arr[..., 0] if mode == "L" else arr)
 
 
 def _opened(where: str, data) -> Image.Image:

@@ -67,17 +67,7 @@ def assert_same_batches(got, want):
 # ---------------------------------------------------------------- pixels as Pillow decodes them
 
 
-@pytest.fixture(params=["pillow", "simplejpeg"])
-def decoder(request, monkeypatch):
-    """The reader's JPEG decode by Pillow alone, or through simplejpeg when it is installed."""
-    if request.param == "pillow":
-        monkeypatch.setattr(images, "simplejpeg", None)
-    elif images.simplejpeg is None:
-        pytest.skip("simplejpeg is not installed (optional: trainfeed[jpeg])")
-    return request.param
-
-
-def test_jpeg_decodes_as_pillow_does(decoder):
+def test_jpeg_decodes_as_pillow_does():
     rng = np.random.default_rng(1)
     data = encoded(rng.integers(0, 255, (96, 128, 3), dtype=np.uint8), "JPEG")
     same_size = images.Decoding((96, 128), 3, "uint8", False, "first")
@@ -99,28 +89,6 @@ def test_jpeg_decodes_as_pillow_does(decoder):
                                      box=(left * f, top * f, right * f, bottom * f)))
     got = images.decode(data, images.Decoding((12, 16), 3, "uint8", True, "first"), "f.jpg", "f", augment)
     assert np.array_equal(got, want[:, ::-1] if flip else want)
-
-
-@pytest.mark.parametrize("mode", ["RGB", "L"])
-def test_simplejpeg_gives_pillows_pixels(monkeypatch, mode):
-    """Whether simplejpeg is installed changes no pixel: every crop of colour and greyscale JPEGs."""
-    if images.simplejpeg is None:
-        pytest.skip("simplejpeg is not installed (optional: trainfeed[jpeg])")
-    rng = np.random.default_rng(5)
-    shape = (90, 120, 3) if mode == "RGB" else (90, 120)
-    data = encoded(rng.integers(0, 255, shape, dtype=np.uint8), "JPEG")
-
-    def crops():
-        return [images.decode(data, images.Decoding(out, len(mode), "uint8", True, "first"), "f.jpg", f"s{i}",
-                              images.Augment(1, 0)) for out in ((8, 8), (20, 30), (45, 60), (64, 64)) for i in range(10)]
-
-    calls, real = [], images.simplejpeg.decode_jpeg
-    monkeypatch.setattr(images.simplejpeg, "decode_jpeg", lambda *a, **k: calls.append(k) or real(*a, **k))
-    turbo = crops()
-    assert len(calls) == 40  # simplejpeg did decode them
-    monkeypatch.setattr(images, "simplejpeg", None)
-    plain = crops()
-    assert all(a.shape == b.shape and np.array_equal(a, b) for a, b in zip(turbo, plain))
 
 
 def test_16_bit_png_keeps_every_bit():
