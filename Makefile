@@ -13,7 +13,7 @@ PS_VENV  := .venv-petastorm
 PS_PY    := $(PS_VENV)/bin/python
 DEMO     ?= demo-out
 
-.PHONY: install test test-fast demo bench-convert bench-loader bench-remote clean
+.PHONY: install test test-fast demo bench-convert bench-loader bench-remote bench-decode clean
 
 install: $(VENV)/.installed $(PS_VENV)/.installed
 
@@ -68,6 +68,11 @@ bench-loader: $(VENV)/.installed
 bench-remote: $(VENV)/.installed
 	mkdir -p bench-out
 	$(PY) -m trainfeed.benchmarks.remote_bench > bench-out/remote.jsonl
+
+# JPEG decode per core and training input from a JPEG folder / encoded / decoded Parquet (JSON lines)
+bench-decode: $(VENV)/.installed
+	mkdir -p bench-out
+	$(PY) -m trainfeed.benchmarks.decode_bench | tee bench-out/decode.jsonl
 
 clean:
 	rm -rf $(VENV) $(PS_VENV) $(DEMO) bench-out .pytest_cache build dist

@@ -14,7 +14,7 @@ from .options import Columns, Pieces, ReadRequest, pick_field
 from .samples import SchemaGuard, load_sample
 from .location import locate
 from .remote_io import CachingFileSystem, open_fetcher
-from .sources import ImageOptions, SourceFile, is_local, list_source
+from .sources import IMAGE, ImageOptions, SourceFile, is_local, list_source, read_bytes
 
 name = "blob"
 label = "small files"
@@ -46,9 +46,15 @@ def piece_file(piece: SourceFile) -> str:
 
 
 def read_piece(listing: Pieces, piece: SourceFile, handles: dict, empty=np.empty) -> Columns:
-    sample = load_sample(listing.extra["fs"], listing.extra["kind"], piece, listing.extra["labels"], ImageOptions())
-    label = -1 if sample.label is None else sample.label
-    return Columns([sample.id], np.array([label], np.int64), np.asarray(sample.fields[listing.spec.name])[None])
+    """One file. An image is its bytes, not decoded here: the reader decodes it once (training/images.py)."""
+    fs, kind, labels = listing.extra["fs"], listing.extra["kind"], listing.extra["labels"]
+    if kind == IMAGE:
+        x, label = np.empty(1, object), labels.get(piece.id)
+        x[0] = read_bytes(fs, piece)
+    else:
+        sample = load_sample(fs, kind, piece, labels, ImageOptions())
+        x, label = np.asarray(sample.fields[listing.spec.name])[None], sample.label
+    return Columns([piece.id], np.array([-1 if label is None else label], np.int64), x)
 
 
 def read_labels(listing: Pieces) -> Iterator[np.ndarray]:

@@ -47,12 +47,12 @@ class ImageStorage(str, Enum):
     decoded = "decoded"
 
 
-def parse_resize(text: str | None) -> tuple[int, int] | None:
+def parse_resize(text: str | None, option: str = "--resize") -> tuple[int, int] | None:
     if text is None:
         return None
     parts = text.lower().split("x")
     if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise UsageError(f"--resize expects HEIGHTxWIDTH such as 64x64, got {text!r}")
+        raise UsageError(f"{option} expects HEIGHTxWIDTH such as 64x64, got {text!r}")
     return int(parts[0]), int(parts[1])
 
 

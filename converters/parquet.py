@@ -330,7 +330,10 @@ def table_columns(table: pa.Table, spec: FieldSpec) -> Columns:
     # one row group reads as one chunk: take it as is (combine_chunks would copy it)
     col = chunked.chunk(0) if chunked.num_chunks == 1 else chunked.combine_chunks()
     n = len(col)
-    if pa.types.is_binary(col.type):
+    if not spec.is_raw:  # encoded images: one bytes value per row (training/images.py decodes them)
+        x = np.empty(n, object)
+        x[:] = col.to_pylist()
+    elif pa.types.is_binary(col.type):
         offsets = np.frombuffer(col.buffers()[1], np.int32, n + 1, col.offset * 4)
         data = np.frombuffer(col.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
         x = data.view(np.dtype(spec.dtype).newbyteorder("<")).reshape((n, *spec.shape))

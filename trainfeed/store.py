@@ -43,12 +43,13 @@ class Store:
 
     @property
     def shape(self) -> tuple[int, ...] | None:
-        """One sample's shape (None when samples differ)."""
-        return None if self.reader.spec.shape is None else tuple(self.reader.spec.shape)
+        """One sample's shape as ``batches()`` delivers it (encoded images: decoded, (H, W, C))."""
+        spec = self.reader.sample_spec
+        return None if spec.shape is None else tuple(spec.shape)
 
     @property
     def dtype(self) -> str:
-        return self.reader.spec.dtype
+        return self.reader.sample_spec.dtype
 
     @property
     def label_map(self) -> dict[str, int] | None:
@@ -57,20 +58,23 @@ class Store:
 
     def options(self, *, batch_size: int = 32, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
                 workers: int = 2, pool: Pool = "arrow", shuffle_buffer: int = 256, shard: int = 0,
-                num_shards: int = 1) -> ReaderOptions:
+                num_shards: int = 1, augment: bool = False) -> ReaderOptions:
         """The engine's options for reading this store so."""
         return replace(self._options, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                        workers=workers, pool=pool, shuffle_buffer=shuffle_buffer, shard=shard,
-                       num_shards=num_shards)
+                       num_shards=num_shards, augment=augment)
 
     def batches(self, batch_size: int = 32, *, shuffle: bool = True, seed: int = 0, epoch: int = 0,
                 start_batch: int = 0, drop_last: bool = False, workers: int = 2, pool: Pool = "arrow",
-                shuffle_buffer: int = 256, shard: int = 0, num_shards: int = 1) -> Iterator[Batch]:
+                shuffle_buffer: int = 256, shard: int = 0, num_shards: int = 1,
+                augment: bool = False) -> Iterator[Batch]:
         """One epoch of ``Batch(x, y, ids)``: every sample of shard ``shard`` of ``num_shards``
         exactly once, in an order fixed by ``seed`` and ``epoch``; from batch ``start_batch`` on
-        (earlier batches are not read). ``drop_last`` drops a last, smaller batch."""
+        (earlier batches are not read). ``drop_last`` drops a last, smaller batch. Encoded images
+        are decoded; ``augment`` gives them a random resized crop and flip (from seed, epoch, id)."""
         opts = self.options(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, workers=workers,
-                            pool=pool, shuffle_buffer=shuffle_buffer, shard=shard, num_shards=num_shards)
+                            pool=pool, shuffle_buffer=shuffle_buffer, shard=shard, num_shards=num_shards,
+                            augment=augment)
         return readers.iter_batches(self.reader, opts, epoch, start_batch=start_batch)
 
     def __repr__(self) -> str:
@@ -79,14 +83,16 @@ class Store:
 
 def open_store(uri: str, *, version: int | None = None, storage_options: Mapping[str, str] | None = None,
                format: Format | None = None, field: str | None = None, labels: str | None = None,
-               io_concurrency: int = 8, cache_dir: str | None = None, cache_limit: int = 10 * 10**9) -> Store:
+               io_concurrency: int = 8, cache_dir: str | None = None, cache_limit: int = 10 * 10**9,
+               image_size: tuple[int, int] | None = None) -> Store:
     """Open the store at ``uri`` (a local path or a URL: abfs://, az://, abfss://, s3://, gs://):
     its format detected unless given, a Delta table at ``version`` (default: the latest), the
     tensor ``field`` (default: the first); ``labels`` is a CSV (id,label) for a folder of small
     files. On object storage, ``io_concurrency`` range requests are in flight, and ``cache_dir``
-    (at most ``cache_limit`` bytes) keeps what is read for later epochs. Raises
+    (at most ``cache_limit`` bytes) keeps what is read for later epochs. Encoded images are
+    decoded to ``image_size`` (height, width; default: the store's size). Raises
     ``TrainfeedError`` naming the problem."""
     opts = ReaderOptions(delta_version=version, field_name=field, labels_csv=labels,
                          storage_options=dict(storage_options or {}), io_concurrency=io_concurrency,
-                         cache_dir=cache_dir, cache_limit=cache_limit)
+                         cache_dir=cache_dir, cache_limit=cache_limit, image_size=image_size)
     return Store(readers.open_store(uri, format, opts), opts)

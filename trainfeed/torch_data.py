@@ -44,7 +44,8 @@ class TorchDataset(IterableDataset):
     Rank r of W (torch.distributed, else RANK / WORLD_SIZE) with N DataLoader workers reads
     shard ``r * N + worker`` of ``W * N`` (whole pieces: row groups, HDF5 slices, files): every
     sample once per epoch across ranks and workers. Each yields ``(x, y)``: x a tensor of the
-    stored dtype, shape (B, *sample shape); y int64 labels (-1 for unlabeled samples).
+    stored dtype, shape (B, *sample shape); y int64 labels (-1 for unlabeled samples). Encoded
+    images are decoded (``augment``: random resized crop and flip, as ``Store.batches``).
 
     Call ``set_epoch(e)`` before each epoch (a new seeded order). ``state_dict(n)``, after n
     batches of an epoch's iterator, and ``load_state_dict`` resume at the exact next batch
@@ -53,10 +54,10 @@ class TorchDataset(IterableDataset):
 
     def __init__(self, store: Store | str, *, batch_size: int = 32, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, workers: int = 2, pool: Pool = "arrow", shuffle_buffer: int = 256,
-                 storage_options: dict[str, str] | None = None):
+                 storage_options: dict[str, str] | None = None, augment: bool = False):
         self.store = store if isinstance(store, Store) else open_store(store, storage_options=storage_options)
         self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
-        self.workers, self.pool, self.shuffle_buffer = workers, pool, shuffle_buffer
+        self.workers, self.pool, self.shuffle_buffer, self.augment = workers, pool, shuffle_buffer, augment
         self.epoch = 0
         self._first_batch = 0  # of self.epoch, where the next iteration starts
 
@@ -78,7 +79,7 @@ class TorchDataset(IterableDataset):
         batches = self.store.batches(
             self.batch_size, shuffle=self.shuffle, seed=self.seed, epoch=self.epoch, start_batch=starts[logical],
             drop_last=self.drop_last, workers=self.workers, pool=self.pool, shuffle_buffer=self.shuffle_buffer,
-            shard=rank * workers + logical, num_shards=world * workers)
+            shard=rank * workers + logical, num_shards=world * workers, augment=self.augment)
         for batch in batches:
             yield torch.from_numpy(batch.x), torch.from_numpy(batch.y)
 

@@ -8,6 +8,7 @@ from typing import List, Optional
 
 import typer
 
+from trainfeed.converters.cli import parse_resize
 from trainfeed.converters.cli_common import exit_codes, parse_storage_options
 from trainfeed.converters.options import parse_size
 from trainfeed.converters.redact import redact, redact_json
@@ -60,7 +61,7 @@ def _human(s: dict) -> str:
 
 
 @app.command(help="Train the ResNet-18 (3D for (X, Y, Z, C) volume stores, 2D for (H, W, C) or greyscale (H, W) "
-                  "image stores) from a Parquet, Delta, HDF5 "
+                  "image stores; encoded JPEG/PNG images are decoded while reading) from a Parquet, Delta, HDF5 "
                   "store or the original small files (blob), and report data wait vs compute for every step. "
                   "Writes summary.json, steps.jsonl and utilization.jsonl to --out. "
                   "Exit codes: 0 ok (also after SIGTERM: a checkpoint is saved), 1 data/runtime error, 2 usage.")
@@ -114,6 +115,15 @@ def main_command(
                                             "in this local folder, so that epochs after the first read local disk."),
     cache_limit: str = typer.Option("10GB", "--cache-limit", help="Most bytes --cache-dir may hold (least recently "
                                     "used ranges are evicted), e.g. 500MB, 20GiB."),
+    image_size: Optional[str] = typer.Option(None, "--image-size", help="Stores of encoded images (JPEG/PNG, "
+                                             "decoded while training, in the reader's --workers threads) and image "
+                                             "folders: decode every image to HEIGHTxWIDTH, e.g. 64x64. Default: the "
+                                             "store's size (its --resize), else the first image's; needed when the "
+                                             "images differ in size."),
+    augment: bool = typer.Option(True, "--augment/--no-augment", help="Encoded images: random resized crop (25-100% "
+                                 "of the area, aspect 3/4 to 4/3) and horizontal flip of every training image, drawn "
+                                 "from (--seed, epoch, sample id), so any --workers gives the same batches. Never "
+                                 "applied to --eval-data. Stores of decoded pixels are delivered as stored."),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json to stdout."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
@@ -126,6 +136,7 @@ def main_command(
             delta_version=delta_version, labels_csv=labels, field_name=field, shuffle_buffer=shuffle_buffer,
             warmup_steps=warmup_steps, storage_options=parse_storage_options(storage_option), progress=progress,
             io_concurrency=io_concurrency, cache_dir=cache_dir, cache_limit=parse_size(cache_limit, "--cache-limit"),
+            image_size=parse_resize(image_size, "--image-size"), augment=augment,
         )
         summary = run(cfg)
     typer.echo(redact_json(summary) if as_json else redact(_human(summary)))

@@ -47,6 +47,8 @@ class TrainConfig:
     io_concurrency: int = 8  # stores on object storage: range requests in flight
     cache_dir: str | None = None  # ... and where to keep what epoch 1 read
     cache_limit: int = 10 * 10**9
+    image_size: tuple[int, int] | None = None  # encoded images: (H, W) to decode to; default: the store's size
+    augment: bool = True  # encoded images: random resized crop + horizontal flip while training (not evaluating)
     progress: bool = True
 
     def to_dict(self) -> dict:
@@ -78,6 +80,9 @@ def check(cfg: TrainConfig) -> None:
         raise UsageError(f"--lr must be a positive number, not {cfg.lr}")
     if not 0 <= cfg.seed <= MAX_SEED:
         raise UsageError(f"--seed must be between 0 and {MAX_SEED}, not {cfg.seed}")
+    if cfg.image_size is not None and not (len(cfg.image_size) == 2 and all(
+            isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in cfg.image_size)):
+        raise UsageError(f"--image-size must be two positive integers (height, width), not {cfg.image_size!r}")
     if cfg.warmup_steps < 0:
         raise UsageError(f"--warmup-steps must be 0 or more, not {cfg.warmup_steps}")
     check_folder("--out", cfg.out)

@@ -22,10 +22,9 @@ def tf_dataset(store: Store, opts: ReaderOptions, epoch: int = 0, start_batch: i
     shape, from batch ``start_batch`` on (earlier batches are not read)."""
     import tensorflow as tf
 
-    spec = store.spec
+    spec = store.sample_spec
     if spec.shape is None:
-        raise TrainfeedError(f"{store.path}: field {spec.name!r} has no fixed shape (images of varying sizes); "
-                             "convert with --resize HxW")
+        raise TrainfeedError(f"{store.path}: field {spec.name!r} has no fixed shape")
 
     def gen():
         for batch in iter_batches(store, opts, epoch, start_batch=start_batch):

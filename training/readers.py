@@ -9,6 +9,8 @@ per sample; resumable at any batch without re-reading). The Petastorm pools ("sh
 extra (``training/petastorm_reader.py``); HDF5 and blob stores always use the engine.
 
 Every reader shards by rank the same way (pieces -> ``index % num_shards == shard``).
+Encoded images (JPEG/PNG bytes) are decoded by the engine's threads as each piece is read
+(``training/images.py``).
 """
 from __future__ import annotations
 
@@ -26,10 +28,10 @@ from trainfeed.converters import remote_io
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.location import is_remote, locate
 from trainfeed.converters.layout import DatasetSchema, FieldSpec
-from trainfeed.converters.options import ReadRequest
+from trainfeed.converters.options import Columns, ReadRequest
 from trainfeed.converters.stores import FORMATS as REGISTRY, detect_format
 
-from . import engine, petastorm_reader
+from . import engine, images, petastorm_reader
 
 FORMATS = tuple(REGISTRY)
 POOLS = ("arrow", *petastorm_reader.POOLS)
@@ -54,6 +56,9 @@ class ReaderOptions:
     io_concurrency: int = remote_io.DEFAULT_IO_CONCURRENCY
     cache_dir: str | None = None
     cache_limit: int = 10 * 10**9
+    # encoded images: the size (H, W) they are decoded to (default: the store's), and training augmentation
+    image_size: tuple[int, int] | None = None
+    augment: bool = False
 
 
 @dataclass
@@ -80,6 +85,12 @@ class Store:
     version: int | None = None
     extra: dict = field(default_factory=dict)
     local: bool = True  # False: on object storage (read through range requests)
+    images: images.Decoding | None = None  # encoded images: how they are decoded
+
+    @property
+    def sample_spec(self) -> FieldSpec:
+        """The field as batches deliver it (encoded images: decoded, of a fixed shape)."""
+        return self.spec if self.images is None else self.images.spec(self.spec.name)
 
     @property
     def samples(self) -> int:
@@ -134,9 +145,15 @@ def open_store(path: str, fmt: str | None = None, opts: ReaderOptions = ReaderOp
     except (OSError, ValueError, KeyError) as exc:
         raise TrainfeedError(f"{location.shown}: cannot open as a {fmt} store: {exc}") from exc
     store_path = path if remote or not module.writable else location.path
-    return Store(store_path, fmt, listing.schema, listing.spec, listing.pieces, listing.rows, listing.version,
-                 {**listing.extra, "files": listing.files, "listing": listing, "root": location.path},
-                 local=not remote)
+    store = Store(store_path, fmt, listing.schema, listing.spec, listing.pieces, listing.rows, listing.version,
+                  {**listing.extra, "files": listing.files, "listing": listing, "root": location.path},
+                  local=not remote)
+    if not listing.spec.is_raw:
+        if uses_petastorm(store, opts):
+            raise UsageError(f"--reader-pool {opts.pool}: {location.shown} holds encoded images, which the default "
+                             "pool, arrow, decodes; Petastorm pools read raw tensors only")
+        store.images = images.plan(listing.spec, opts.image_size, lambda: _first_image(store))
+    return store
 
 
 def _check_not_an_unfinished_store(location) -> None:
@@ -189,9 +206,16 @@ def iter_batches(store: Store, opts: ReaderOptions, epoch: int = 0, start_batch:
                 yield Batch(x, y, ids)
         return
     listing, module = store.extra["listing"], store.module
+
+    def read(i: int, handles: dict, empty) -> Columns:
+        cols = module.read_piece(listing, store.pieces[i], handles, empty)
+        if store.images is None:
+            return cols
+        augment = images.Augment(opts.seed, epoch) if opts.augment else None
+        return images.decode_piece(cols, store.images, module.piece_file(store.pieces[i]), augment, empty)
+
     for x, y, ids in engine.run_epoch(
-            epoch_plan(store, opts, epoch), store.piece_rows,
-            lambda i, handles, empty: module.read_piece(listing, store.pieces[i], handles, empty),
+            epoch_plan(store, opts, epoch), store.piece_rows, read,
             lambda i: module.piece_file(store.pieces[i]), workers=reading_threads(store, opts),
             start_batch=start_batch):
         yield Batch(x, y, ids)
@@ -257,6 +281,14 @@ def _first_sample(store: Store, index: int) -> tuple[str, int, np.ndarray]:
     """The first sample of piece ``index``, read through fresh handles (not the readers')."""
     cols = store.module.read_piece(store.extra["listing"], store.pieces[index], {})
     return cols.ids[0], int(cols.labels[0]), cols.x[0]
+
+
+def _first_image(store: Store) -> tuple[str, str, bytes]:
+    """(file, sample id, bytes) of the store's first encoded image."""
+    if not store.pieces:
+        raise TrainfeedError(f"{store.path}: the store holds no images")
+    sample_id, _, value = _first_sample(store, 0)
+    return store.module.piece_file(store.pieces[0]), sample_id, bytes(value)
 
 
 def label_bounds(store: Store) -> tuple[int, int] | None:

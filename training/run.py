@@ -45,13 +45,14 @@ def reader_options(cfg: TrainConfig, rank: int = 0, world: int = 1, shuffle: boo
                          shuffle_buffer=cfg.shuffle_buffer, pool=cfg.pool, shard=rank, num_shards=world,
                          delta_version=cfg.delta_version, field_name=cfg.field_name, labels_csv=cfg.labels_csv,
                          storage_options=cfg.storage_options, io_concurrency=cfg.io_concurrency,
-                         cache_dir=cfg.cache_dir, cache_limit=cfg.cache_limit)
+                         cache_dir=cfg.cache_dir, cache_limit=cfg.cache_limit, image_size=cfg.image_size,
+                         augment=cfg.augment)
 
 
 def eval_options(cfg: TrainConfig, field_name: str) -> ReaderOptions:
     """The held-out store: every sample once, in order, on the field the model trains on."""
     return replace(reader_options(cfg, shuffle=False), drop_last=False, delta_version=None, labels_csv=None,
-                   field_name=field_name)
+                   field_name=field_name, augment=False)
 
 
 def plan(cfg: TrainConfig) -> Plan:
@@ -60,6 +61,9 @@ def plan(cfg: TrainConfig) -> Plan:
     rank, world, _ = distributed_env()
     opts = reader_options(cfg, rank, world)
     store = open_store(cfg.data, cfg.fmt, opts)
+    if cfg.image_size is not None and store.images is None:
+        raise UsageError(f"--image-size applies to encoded images (JPEG/PNG); {store.path} holds "
+                         f"{store.spec.dtype} arrays of shape {tuple(store.spec.shape)}")
     input_shape = model_input_shape(store)
     full = check_sharding(store, world, cfg.batch_size)
     steps = min(full, cfg.steps_per_epoch) if cfg.steps_per_epoch else full
@@ -76,13 +80,9 @@ def plan(cfg: TrainConfig) -> Plan:
 def model_input_shape(store: Store) -> tuple[int, ...]:
     """One sample's shape as the models take it: (X, Y, Z, C) volumes, (H, W, C) images, and
     (H, W) greyscale images given their channel axis. Refuses what no model can train on."""
-    spec, path = store.spec, store.path
+    spec, path = store.sample_spec, store.path
     if spec.shape is None:
-        raise TrainfeedError(f"{path}: field {spec.name!r} has no fixed shape (images of varying sizes); "
-                             "convert with --resize HxW")
-    if not spec.is_raw:
-        raise TrainfeedError(f"{path}: field {spec.name!r} holds encoded images; convert with "
-                             "--image-storage decoded to train from it")
+        raise TrainfeedError(f"{path}: field {spec.name!r} has no fixed shape")
     if not store.schema.labeled:
         raise TrainfeedError(f"{path}: store is unlabeled; training needs a label column")
     shape = tuple(spec.shape)
@@ -103,11 +103,13 @@ def open_eval_store(cfg: TrainConfig, p: Plan) -> Store:
     """The --eval-data store, refused before training unless the trained model can score it:
     same field, sample shape and dtype, labeled, labels within the model's classes."""
     store = open_store(cfg.eval_data, None, eval_options(cfg, p.store.spec.name))
-    shape, train = model_input_shape(store), p.store.spec
-    if shape != p.input_shape or store.spec.dtype != train.dtype:
-        raise TrainfeedError(f"{cfg.eval_data}: --eval-data field {store.spec.name!r} holds {store.spec.dtype} "
-                             f"samples of shape {tuple(store.spec.shape)}; the model trains on {train.dtype} "
-                             f"samples of shape {tuple(train.shape)} from --data")
+    shape, train, held_out = model_input_shape(store), p.store.sample_spec, store.sample_spec
+    if shape != p.input_shape or held_out.dtype != train.dtype:
+        raise TrainfeedError(f"{cfg.eval_data}: --eval-data field {held_out.name!r} holds {held_out.dtype} "
+                             f"samples of shape {tuple(held_out.shape)}; the model trains on {train.dtype} "
+                             f"samples of shape {tuple(train.shape)} from --data"
+                             + ("; --image-size HxW decodes both to one size" if store.images and p.store.images
+                                and not cfg.image_size else ""))
     check_label_maps(p.store, store)
     bounds = label_bounds(store)
     if bounds is not None and (bounds[0] < 0 or bounds[1] >= p.num_classes):
@@ -234,7 +236,8 @@ def summarize(cfg: TrainConfig, p: Plan, timer: StepTimer, util: UtilizationSamp
     """summary.json: redacted, as it is written to a file and printed (--json)."""
     return redact_obj({
         "framework": cfg.framework, "device": cfg.device, "store": p.store.path, "format": p.store.fmt,
-        "delta_version": p.store.version, "field": p.store.spec.name, "sample_shape": list(p.store.spec.shape),
+        "delta_version": p.store.version, "field": p.store.spec.name,
+        "sample_shape": list(p.store.sample_spec.shape),
         "batch_size": cfg.batch_size, "steps_per_epoch": p.steps_per_epoch, "epochs": cfg.epochs,
         "rank": p.rank, "world_size": p.world, "num_classes": p.num_classes,
         **timer.summary(), "utilization": util.summary(), "environment": environment(),
