@@ -179,7 +179,12 @@ class _File:
         for name, values in columns.items():
             ds = self.h5[name]
             ds.resize(n1, axis=0)
-            ds[n0:n1] = values
+            if h5py.check_vlen_dtype(ds.dtype) == np.uint8:
+                # encoded images: h5py's slice assignment takes byte strings of one length
+                # for a 2-D array and refuses them; write_direct keeps them one per sample
+                ds.write_direct(values, dest_sel=np.s_[n0:n1])
+            else:
+                ds[n0:n1] = values
         self.sink.check()
         self.rows = n1
 

@@ -131,6 +131,24 @@ def test_images_stored_encoded_keep_the_file_bytes(tmp_path, images, convert_cli
     assert FORMATS[fmt].read_schema(dst).label_map == {"a": 0, "b": 1}
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "hdf5"])
+def test_encoded_images_of_one_byte_length_keep_their_bytes(tmp_path, convert_cli, fmt):
+    """Encoded images that all have the same length (here: one flat-colour PNG, six times): h5py
+    takes such a batch for one 2-D array unless it is written sample by sample."""
+    truth = {}
+    for i in range(6):
+        buf = io.BytesIO()
+        Image.new("RGB", (8, 8), (200, 0, 0)).save(buf, format="PNG")
+        (tmp_path / "src" / "ab"[i % 2]).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "src" / "ab"[i % 2] / f"{i}.png").write_bytes(buf.getvalue())
+        truth[f"{'ab'[i % 2]}/{i}"] = buf.getvalue()
+    assert len({len(b) for b in truth.values()}) == 1
+    dst = tmp_path / ("imgs.h5" if fmt == "hdf5" else "imgs.parquet")
+    res = convert_cli(tmp_path / "src", dst, "--to", fmt, "--verify")
+    assert res.exit_code == 0, res.stderr
+    assert {sid: fields["image"] for sid, (_, fields) in stored(fmt, dst).items()} == truth
+
+
 def test_images_resized_and_decoded_match_pil(tmp_path, convert_cli):
     from tests.conftest import write_images
 
