@@ -18,7 +18,7 @@ from trainfeed.converters.redact import redact, redact_json
 from trainfeed.converters.remote_io import DEFAULT_IO_CONCURRENCY
 
 from .cost import CATALOG
-from .matrix import STORES
+from .matrix import IMAGE_STORAGES, STORES
 from .synth import IMAGE_SIZE, VOLUME_SHAPE, generate_images, generate_volumes
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False,
@@ -141,8 +141,16 @@ def run(
     target_samples: int = typer.Option(650_000, "--target-samples", help="Your full dataset's size, for projections."),
     target_epochs: int = typer.Option(5, "--target-epochs"),
     catalog: Path = typer.Option(CATALOG, "--catalog", help="Instance catalog CSV (prices with date and source)."),
+    resize: Optional[str] = typer.Option(None, "--resize", help="Image folders: resize every image to HEIGHTxWIDTH "
+                                         "(e.g. 64x64): at conversion for the compacted stores, by the reader for "
+                                         "the small files. Default: keep the original size."),
+    image_storage: str = typer.Option(",".join(IMAGE_STORAGES), "--image-storage", help="Image folders: how the "
+                                      "compacted stores hold the images, comma-separated: encoded (JPEG/PNG bytes, "
+                                      "decoded as read), decoded (pixels); one store per format and choice, named "
+                                      "FORMAT-encoded, FORMAT-decoded."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
+    from trainfeed.converters.cli import parse_resize
     from trainfeed.converters.cli_common import parse_storage_options
 
     from . import report as report_mod
@@ -155,7 +163,8 @@ def run(
                            width=width, workers=workers, io_concurrency=io_concurrency, repeats=repeats,
                            storage_backend=storage_backend,
                            storage_profile=None if storage_profile == "none" else storage_profile,
-                           storage_options=parse_storage_options(storage_option))
+                           storage_options=parse_storage_options(storage_option), resize=parse_resize(resize),
+                           image_storage=_csv(image_storage))
         run_matrix(cfg, lambda m: typer.echo(redact(m), err=True))
         info = report_mod.build(str(out), target_samples=target_samples, target_epochs=target_epochs, catalog=catalog)
         typer.echo(redact_json(info, default=str) if as_json else _report_line(info))

@@ -19,6 +19,7 @@ import numpy as np
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.redact import redact, redact_obj, register_storage_options
+from trainfeed.converters.sources import ImageOptions
 from trainfeed.converters.remote_io import DEFAULT_IO_CONCURRENCY
 from trainfeed.converters.stores import FORMATS
 from trainfeed.training.config import TrainConfig
@@ -28,12 +29,15 @@ from trainfeed.training.run import Prefetcher, record
 
 from .profiles import (ACCELERATORS, calibration_key, load_accelerator, load_object_store, model_flops,
                        step_seconds)
+from .stages import STAGES, image_verdict, stage_costs
 from .storage import (Backend, StoreSource, check_labels, local_copy, open_backend, plan_backend, stage_small_files,
                       stage_store)
 
-RESULTS_VERSION = 2
+RESULTS_VERSION = 3
 #: The small-file layout as it is (the baseline), then every format of the registry.
 STORES = tuple(dict.fromkeys(("blob", *FORMATS)))
+#: How a compacted store of an image folder holds its images (``convert --image-storage``).
+IMAGE_STORAGES = ("encoded", "decoded")
 REAL_NODES = ("cpu", "cuda")
 #: What makes one cell (or one store's cells) fail without stopping the matrix.
 CELL_ERRORS = (TrainfeedError, RuntimeError, OSError)
@@ -58,6 +62,10 @@ class MatrixConfig:
     storage_profile: str | None = "azure-blob"  # latency emulation around every store; None: as is
     storage_options: dict = field(default_factory=dict)  # SRC's, --labels' and a URL backend's
     amp: bool = False
+    # image folders: the size every image is resized to (at conversion, and by the reader for the
+    # small files), and how the compacted stores hold the images: one store of each per format
+    resize: tuple[int, int] | None = None
+    image_storage: tuple[str, ...] = IMAGE_STORAGES
 
 
 def check_matrix(cfg: MatrixConfig) -> Backend:
@@ -77,6 +85,11 @@ def check_matrix(cfg: MatrixConfig) -> Backend:
     for f in cfg.frameworks:
         if f not in ("torch", "tf"):
             raise UsageError(f"unknown framework {f!r}: choose torch or tf")
+    for s in cfg.image_storage:
+        if s not in IMAGE_STORAGES:
+            raise UsageError(f"unknown --image-storage {s!r}: choose from {', '.join(IMAGE_STORAGES)}")
+    if not cfg.image_storage:
+        raise UsageError(f"--image-storage: name at least one of {', '.join(IMAGE_STORAGES)}")
     if cfg.steps < 2 or cfg.cpu_steps < 2:
         raise UsageError("--steps and --cpu-steps must be at least 2 (the first step is warm-up)")
     if cfg.workers < 1 or cfg.io_concurrency < 1:
@@ -92,37 +105,74 @@ def check_matrix(cfg: MatrixConfig) -> Backend:
 
 @dataclass(frozen=True)
 class Staged:
-    """One store staged on the backend: its URL there, how the cells read it, its sample shape."""
+    """One store staged on the backend: its URL there, how the cells read it, the samples its
+    batches deliver (shape, bytes), how it holds images (None: no images) and, for image
+    stores, the CPU cost of each stage (``stages.stage_costs``)."""
 
     url: str
     source: StoreSource
     shape: tuple[int, ...]
+    sample_bytes: int
+    image_storage: str | None = None
+    stages: dict | None = None
 
 
-def stage_stores(cfg: MatrixConfig, backend: Backend, log: Callable[[str], None]) -> tuple[dict, dict]:
-    """Stage every store on the backend and open it as the cells will: name -> Staged for those
-    that open, name -> the redacted reason for those that do not (their cells fail, the others
-    run). The compacted stores are converted from the small files as staged."""
+def store_variants(cfg: MatrixConfig, images: bool) -> dict[str, tuple[str, str | None]]:
+    """The stores the matrix compares, name -> (format, image storage). An image folder gives
+    one compacted store per format and --image-storage, named FORMAT-STORAGE (parquet-encoded,
+    parquet-decoded); the small files keep their name, blob (encoded images)."""
+    if not images:
+        return {name: (name, None) for name in cfg.stores}
+    return {(name if name == "blob" else f"{name}-{storage}"): (name, "encoded" if name == "blob" else storage)
+            for name in cfg.stores for storage in (("encoded",) if name == "blob" else cfg.image_storage)}
+
+
+def stage_stores(cfg: MatrixConfig, backend: Backend, log: Callable[[str], None]) -> tuple[list, dict, dict]:
+    """Stage every store on the backend and open it as the cells will: the store names in
+    order (``store_variants``), name -> Staged for those that open, name -> the redacted reason
+    for those that do not (their cells fail, the others run). The compacted stores are
+    converted from the small files as staged."""
     try:
         small_files, labels = stage_small_files(cfg.src, cfg.labels_csv, cfg.storage_options, backend, log)
     except CELL_ERRORS as exc:
         reason = redact(exc)
         log(f"stage small files: failed: {reason}")
-        return {}, dict.fromkeys(cfg.stores, reason)
+        return list(cfg.stores), {}, dict.fromkeys(cfg.stores, reason)
+    blob = backend.source(small_files, "blob", labels)
+    try:
+        images = open_store(blob.path, blob.fmt, _reader_options(cfg, blob)).images is not None
+    except UsageError:
+        raise
+    except CELL_ERRORS:
+        images = None  # unknown: the small files do not open; the loop below records why, store by store
+    if cfg.resize and images is False:
+        raise UsageError(f"--resize: {cfg.src} holds no JPEG/PNG images")
+    variants = store_variants(cfg, bool(images))
     opened, failed = {}, {}
-    for name in cfg.stores:
+    for name, (fmt, storage) in variants.items():
         try:
-            url = small_files if name == "blob" else stage_store(name, small_files, labels, backend, log)
-            src = backend.source(url, name, labels if name == "blob" else None)
+            image = ImageOptions(resize=cfg.resize, storage=storage or "encoded")
+            url = small_files if fmt == "blob" else stage_store(fmt, small_files, labels, backend, log, name, image)
+            src = blob if fmt == "blob" else backend.source(url, fmt)
             store = open_store(src.path, src.fmt, _reader_options(cfg, src))
+            spec = store.sample_spec
+            stages = _logged_stages(log, name, store) if images else None
         except UsageError:
             raise
         except CELL_ERRORS as exc:
             failed[name] = redact(exc)
             log(f"stage {name}: failed: {failed[name]}")
         else:
-            opened[name] = Staged(url, src, tuple(store.spec.shape))
-    return opened, failed
+            opened[name] = Staged(url, src, tuple(spec.shape), int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize,
+                                  storage, stages)
+    return list(variants), opened, failed
+
+
+def _logged_stages(log: Callable[[str], None], name: str, store) -> dict:
+    costs = stage_costs(store)
+    log(f"stages {name}: CPU per sample " + ", ".join(f"{s} {costs[s] * 1e3:.3f} ms" for s in STAGES)
+        + f" ({costs['samples']} samples)")
+    return costs
 
 
 def _reader_options(cfg: MatrixConfig, src: StoreSource) -> ReaderOptions:
@@ -130,7 +180,7 @@ def _reader_options(cfg: MatrixConfig, src: StoreSource) -> ReaderOptions:
     # and the short measured window flow from memory; no disk cache: every cell reads the storage
     return ReaderOptions(batch_size=cfg.batch_size, workers=cfg.workers, io_concurrency=cfg.io_concurrency,
                          shuffle=True, seed=0, shuffle_buffer=2 * cfg.batch_size, pool="arrow",
-                         labels_csv=src.labels_csv, storage_options=src.storage_options)
+                         labels_csv=src.labels_csv, storage_options=src.storage_options, image_size=cfg.resize)
 
 
 def connections(cfg: MatrixConfig, backend: Backend) -> dict:
@@ -258,7 +308,8 @@ def emulated_run(src: StoreSource, opts: ReaderOptions, step_s: float, steps: in
             "utilization": util.summary(), "utilization_timeline": util.samples}
 
 
-def real_cpu_run(src: StoreSource, cfg: MatrixConfig, framework: str, out_dir: Path, device: str = "cpu") -> dict:
+def real_cpu_run(src: StoreSource, cfg: MatrixConfig, framework: str, out_dir: Path, device: str = "cpu",
+                 image_size: tuple[int, int] | None = None) -> dict:
     from trainfeed.training.cli import run
 
     tcfg = TrainConfig(data=src.path, fmt=src.fmt, framework=framework,
@@ -266,7 +317,8 @@ def real_cpu_run(src: StoreSource, cfg: MatrixConfig, framework: str, out_dir: P
                        workers=cfg.workers, io_concurrency=cfg.io_concurrency, pool="arrow", width=cfg.width,
                        out=str(out_dir), labels_csv=src.labels_csv,
                        shuffle_buffer=2 * cfg.batch_size,
-                       storage_options=src.storage_options, progress=False, amp=cfg.amp)
+                       storage_options=src.storage_options, progress=False, amp=cfg.amp,
+                       image_size=image_size, augment=False)
     summary = run(tcfg)
     timeline = [json.loads(line) for line in (out_dir / "utilization.jsonl").read_text().splitlines()]
     return {**{k: summary[k] for k in ("steps", "samples", "wall_s", "data_wait_s", "compute_s", "samples_per_s",
@@ -304,7 +356,7 @@ def run_matrix(cfg: MatrixConfig, log: Callable[[str], None] = print) -> list[di
 
 def _run(cfg: MatrixConfig, backend: Backend, results: ResultsFile, env: dict, log: Callable[[str], None]) -> None:
     out = Path(cfg.out)
-    staged, failed = stage_stores(cfg, backend, log)
+    names, staged, failed = stage_stores(cfg, backend, log)
     compute: dict[tuple[str, str], tuple[float, str]] = {}
     grid = [(node, framework) for node in cfg.nodes for framework in cfg.frameworks]
     ingest: dict[str, dict] = {}
@@ -316,7 +368,7 @@ def _run(cfg: MatrixConfig, backend: Backend, results: ResultsFile, env: dict, l
         log(f"{store}: every cell failed ({stage}): {error}")
 
     for rep in range(cfg.repeats):
-        for store_name in cfg.stores:
+        for store_name in names:
             if store_name in failed:
                 fail(rep, store_name, "prepare", failed[store_name])
                 continue
@@ -334,7 +386,8 @@ def _run(cfg: MatrixConfig, backend: Backend, results: ResultsFile, env: dict, l
                 log(f"{name}: start")
                 cell = {"kind": "cell", "results_version": RESULTS_VERSION, "repeat": rep, "store": store_name,
                         "node": node, "framework": framework, "batch_size": cfg.batch_size, "width": cfg.width,
-                        "sample_shape": list(st.shape), "sample_bytes": int(np.prod(st.shape)) * 4,
+                        "sample_shape": list(st.shape), "sample_bytes": st.sample_bytes,
+                        "image_storage": st.image_storage, "stages": st.stages,
                         "flops_per_step": flops_step, "storage": backend.describe(st.url),
                         "connections": connections(cfg, backend), "env": env, "page_cache": "warm after the first read"}
                 t0 = time.perf_counter()
@@ -377,7 +430,7 @@ def location_effect(cfg: MatrixConfig, backend: Backend, staged: dict, ingest: d
            "on_storage": compacted[best]}
     try:
         path = local_copy(staged[best].url, backend, Path(cfg.out) / "local-copy" / posixpath.basename(staged[best].url))
-        local = StoreSource(path, {}, best)
+        local = StoreSource(path, {}, staged[best].source.fmt)
         rec["local_copy"] = path
         rec["local_disk"] = _logged(log, name, lambda: ingest_only(local, _reader_options(cfg, local), cfg.steps))
     except CELL_ERRORS as exc:
@@ -402,7 +455,8 @@ def _measure_cell(cfg: MatrixConfig, node: str, framework: str, st: Staged, ropt
             seconds = (compute_only_torch(st.shape, cfg.batch_size, cfg.width, 3, node, cfg.amp)
                        if framework == "torch" else compute_only_tf(st.shape, cfg.batch_size, cfg.width, 3))
             compute[key] = (seconds, "measured")
-        real = real_cpu_run(st.source, cfg, framework, cell_dir, node)
+        real = real_cpu_run(st.source, cfg, framework, cell_dir, node,
+                            cfg.resize if st.image_storage == "encoded" else None)
         profile = {"node_kind": "real", "device": node}
     else:
         acc = load_accelerator(node)
@@ -434,6 +488,8 @@ def verdict(cell: dict) -> dict:
                 f"{'accelerator' if cell.get('node_kind') == 'emulated' else 'CPU'} is the limit; storage is not. "
                 "A faster device or more devices help; repacking does not."}
     if i < 0.9 * c:
+        if cell.get("stages"):
+            return image_verdict(cell, c, i)
         if cell["store"] == "blob":
             prof = cell["storage"]["profile"]
             lat = f"{_profile_latency(prof):.0f} ms each, " if prof else ""

@@ -22,7 +22,7 @@ from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.location import AZURE, S3, is_remote
 from trainfeed.converters.options import WriteOptions
 from trainfeed.converters.redact import redact_url, register_storage_options
-from trainfeed.converters.sources import is_local, open_fs
+from trainfeed.converters.sources import ImageOptions, is_local, open_fs
 
 #: The folder (under the backend's root) of the small files when they have to be copied there.
 SMALL_FILES = "small-files"
@@ -167,16 +167,20 @@ def stage_small_files(src: str, labels_csv: str | None, src_options: dict, backe
 
 
 def stage_store(fmt: str, small_files: str, labels_csv: str | None, backend: Backend,
-                log: Callable[[str], None]) -> str:
-    """Convert the small files (on the backend) into a ``fmt`` store beside them; its URL."""
-    dst = backend.url(f"{fmt}.h5" if fmt == "hdf5" else fmt)
-    log(f"stage {fmt}: converting {small_files} -> {dst}")
+                log: Callable[[str], None], name: str | None = None, image: ImageOptions | None = None) -> str:
+    """Convert the small files (on the backend) into a ``fmt`` store beside them, named
+    ``name`` (default: the format), images as ``image`` says (``convert --resize
+    --image-storage``); its URL."""
+    name = name or fmt
+    dst = backend.url(f"{name}.h5" if fmt == "hdf5" else name)
+    log(f"stage {name}: converting {small_files} -> {dst}")
     t0 = time.perf_counter()
     summary = convert(ConvertConfig(src=small_files, dst=dst, fmt=fmt, labels_csv=labels_csv,
                                     storage_options=backend.options,
                                     write=WriteOptions(row_group_size=8 * 10**6, mode="overwrite"),
+                                    image=image or ImageOptions(),
                                     workers=max(2, os.cpu_count() or 2)))
-    log(f"stage {fmt}: {summary['samples']:,} samples, {summary['files_out']} files, "
+    log(f"stage {name}: {summary['samples']:,} samples, {summary['files_out']} files, "
         f"{summary['bytes_out'] / 1e6:,.1f} MB in {time.perf_counter() - t0:.1f} s")
     return dst
 

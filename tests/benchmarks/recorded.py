@@ -9,11 +9,12 @@ def cell(store: str = "parquet", node: str = "t4", framework: str = "torch", *, 
          ingest: float | None = 100.0, real: float = 100.0, stall: float = 0.0, cores: int = 4,
          swap_mb: float = 0.0, node_kind: str = "emulated", profile: str | None = None, backend: str = "local",
          workers: int = 4, io_concurrency: int | None = 8, batch_size: int = 10, flops_per_step: float = 1e12,
-         sample_bytes: int = 4000, timeline: list[dict] | None = None) -> dict:
+         sample_bytes: int = 4000, timeline: list[dict] | None = None, stages: dict | None = None) -> dict:
     rec = {
         "kind": "cell", "results_version": RESULTS_VERSION, "repeat": 0, "store": store, "node": node,
         "framework": framework, "batch_size": batch_size, "width": 8, "sample_shape": [10, 10, 4, 2],
         "sample_bytes": sample_bytes, "flops_per_step": flops_per_step, "node_kind": node_kind,
+        "image_storage": None if stages is None else "encoded", "stages": stages,
         "storage": {"backend": backend, "url": f"/stores/{store}", "profile": profile},
         "connections": {"reader_workers": workers, "io_concurrency": io_concurrency},
         "env": {"cores": cores, "ram_gb": 16.0, "gpu": None},

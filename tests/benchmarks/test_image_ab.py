@@ -1,0 +1,115 @@
+"""`storage-bench run` on a JPEG folder: the small files, the compacted store with encoded
+images and the one with decoded pixels, read the same samples; each stage's CPU cost is
+measured; the verdict names the stage that binds (table-driven below, from recorded cells)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainfeed.benchmarks.matrix import id_label_digest, verdict
+
+from .recorded import cell
+from .test_storage_bench import bench_cli, records_of
+
+COUNT = 48
+
+
+@pytest.fixture(scope="module")
+def image_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("image-ab")
+    res = bench_cli("generate", "images", root / "jpegs", "--count", str(COUNT), "--shape", "240x320", "--seed", "5")
+    assert res.exit_code == 0, res.stderr
+    res = bench_cli("run", root / "jpegs", "--out", root / "out", "--stores", "blob,parquet", "--nodes", "cpu,h100",
+                    "--resize", "32x32", "--width", "8", "--batch-size", "8", "--steps", "6", "--cpu-steps", "2",
+                    "--workers", "2", "--storage-profile", "none")
+    assert res.exit_code == 0, res.stderr
+    return root / "jpegs", root / "out"
+
+
+def test_three_image_variants_read_the_source(image_run):
+    src, out = image_run
+    expected = id_label_digest((f"{p.parent.name}/{p.stem}", int(p.parent.name.split("_")[1]))
+                               for p in src.glob("class_*/*.jpg"))
+    cells = [c for c in records_of(out) if c["kind"] == "cell"]
+    assert {(c["store"], c["image_storage"]) for c in cells} == {
+        ("blob", "encoded"), ("parquet-encoded", "encoded"), ("parquet-decoded", "decoded")}
+    assert len(cells) == 6  # 3 stores x 2 nodes, none failed
+    for c in cells:
+        assert c["sample_shape"] == [32, 32, 3] and c["sample_bytes"] == 32 * 32 * 3, c["store"]
+        assert (c["ingest_only"]["samples"], c["ingest_only"]["ids_labels_sha256"]) == (COUNT, expected), c["store"]
+        if c["node_kind"] == "emulated":
+            assert (c["real"]["samples_read"], c["real"]["ids_labels_sha256"]) == (COUNT, expected), c["store"]
+
+
+def test_stage_costs_are_measured(image_run):
+    _, out = image_run
+    for c in (c for c in records_of(out) if c["kind"] == "cell"):
+        st = c["stages"]
+        assert st["samples"] == COUNT, c["store"]
+        assert st["read"] > 0 and st["augment"] > 0, (c["store"], st)
+        if c["image_storage"] == "encoded":
+            assert st["decode"] > 0 and st["stored_bytes_per_sample"] > 0, (c["store"], st)
+            # JPEGs re-encoded at 32x32 are smaller than their pixels; the 240x320 originals are not
+            assert (st["stored_bytes_per_sample"] < 3072) == (c["store"] == "parquet-encoded"), (c["store"], st)
+        else:
+            assert st["decode"] == 0 and st["stored_bytes_per_sample"] == st["pixel_bytes_per_sample"] == 3072, st
+
+
+def test_verdict_names_decode_for_encoded_images_on_a_fast_gpu(image_run):
+    _, out = image_run
+    cells = {c["store"]: c for c in records_of(out) if c["kind"] == "cell" and c["node"] == "h100"}
+    for store in ("blob", "parquet-encoded"):
+        v = cells[store]["verdict"]
+        assert v["bottleneck"] == "decode", (store, v)
+        assert v["advice"].startswith("decode-bound: ") and "store decoded pixels" in v["advice"], v
+    assert cells["parquet-decoded"]["verdict"]["bottleneck"] != "decode"
+    report = (out / "report.md").read_text()
+    assert "parquet-encoded" in report and "parquet-decoded" in report and "decode-bound" in report
+    assert json.loads(json.dumps(cells["blob"]["stages"])) == cells["blob"]["stages"]
+
+
+def stages(read=0.0001, decode=0.0, augment=0.0001, stored=1000.0, pixels=12288) -> dict:
+    return {"read": read, "decode": decode, "augment": augment, "samples": 64, "stored_bytes_per_sample": stored,
+            "pixel_bytes_per_sample": pixels}
+
+
+COSTS = "(CPU per sample: read {}, decode+resize {}, augment {})"
+ROWS = [
+    # id, the cell, expected bottleneck, expected advice
+    ("decode costs most", cell(compute=10_000, ingest=2000, real=2000, workers=4, cores=8,
+                               stages=stages(read=0.0001, decode=0.002, augment=0.0004)), "decode",
+     "decode-bound: 2.000 ms CPU per image to decode and resize "
+     + COSTS.format("0.100 ms", "2.000 ms", "0.400 ms")
+     + "; the device takes 10,000 images/s and needs ~25 vCPUs at this rate; store decoded pixels (12.3x the "
+       "bytes) or add CPUs"),
+    ("augment costs most", cell(compute=10_000, ingest=2000, real=2000, workers=4, cores=8,
+                                stages=stages(read=0.0001, decode=0.0, augment=0.0009, stored=12288)), "augment",
+     "augmentation-bound: 0.900 ms CPU per image to crop, resize and flip "
+     + COSTS.format("0.100 ms", "0.000 ms", "0.900 ms")
+     + "; the device takes 10,000 images/s and needs ~10 vCPUs at this rate; augment on the GPU or add CPUs"),
+    ("CPU to spare: waits on storage", cell("blob", compute=1000, ingest=100, real=100, workers=4, cores=8,
+                                            stages=stages(read=0.0001, decode=0.0015, augment=0.0004)), "io",
+     "I/O-bound: the reader waits on storage: its 4 threads have the CPU for 2,000 samples/s and deliver 100, the "
+     "device takes 1,000 " + COSTS.format("0.100 ms", "1.500 ms", "0.400 ms")
+     + "; repack into files of ~128 MB or allow more requests in flight"),
+    ("threads are capped by cores", cell("blob", compute=1500, ingest=100, real=100, workers=8, cores=2,
+                                         stages=stages(read=0.0001, decode=0.0015, augment=0.0004)), "decode",
+     "decode-bound: 1.500 ms CPU per image to decode and resize " + COSTS.format("0.100 ms", "1.500 ms", "0.400 ms")
+     + "; the device takes 1,500 images/s and needs ~3 vCPUs at this rate; store decoded pixels (12.3x the bytes) "
+       "or add CPUs"),
+    ("reading costs most", cell(compute=100_000, ingest=2000, real=2000, workers=4, cores=8,
+                                stages=stages(read=0.003, decode=0.001, augment=0.0001)), "io",
+     "I/O-bound: reading costs the most CPU (3.000 ms per sample); and deliver 2,000, the device takes 100,000 "
+     + COSTS.format("3.000 ms", "1.000 ms", "0.100 ms")
+     + "; repack into files of ~128 MB or allow more requests in flight"),
+    ("an image cell that keeps up is compute-bound", cell(compute=1000, ingest=5000, real=950,
+                                                          stages=stages(decode=0.002)), "compute",
+     "compute-bound (AU 100%): the accelerator is the limit; storage is not. A faster device or more devices help; "
+     "repacking does not."),
+]
+
+
+@pytest.mark.parametrize("rec,bottleneck,advice", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_image_verdict(rec, bottleneck, advice):
+    assert verdict(rec) == {"bottleneck": bottleneck, "advice": advice}
