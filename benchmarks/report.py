@@ -14,6 +14,7 @@ from trainfeed.converters.redact import redact
 from . import charts as charts_mod
 from .cost import CATALOG, load_catalog, project, recommend
 from .matrix import load_results
+from .stages import STAGES
 
 
 def _cells(records):
@@ -105,7 +106,8 @@ def build(out: str, *, target_samples: int = 650_000, target_epochs: int = 5, ca
 CSV_COLUMNS = ["store", "node", "framework", "node_kind", "storage", "storage_profile", "reader_workers",
                "io_concurrency", "compute_only_samples_per_s", "compute_how",
                "ingest_only_samples_per_s", "samples_per_s", "mb_per_s", "stall_fraction", "au",
-               "cpu_percent_mean", "rss_mb_max", "bottleneck", "advice", "failed_stage", "error"]
+               "cpu_percent_mean", "rss_mb_max", "image_storage", "read_cpu_ms", "decode_cpu_ms", "augment_cpu_ms",
+               "bottleneck", "advice", "failed_stage", "error"]
 
 
 def _write_csv(path: Path, cells, failed) -> None:
@@ -120,13 +122,19 @@ def _write_csv(path: Path, cells, failed) -> None:
                         c["connections"]["io_concurrency"], c["compute_only"]["samples_per_s"],
                         c["compute_only"]["how"], c["ingest_only"]["samples_per_s"], c["real"]["samples_per_s"],
                         c["real"]["mb_per_s"], c["real"]["stall_fraction"], c["real"]["au"],
-                        u.get("cpu_percent_mean"), u.get("rss_mb_max"), c["verdict"]["bottleneck"],
+                        u.get("cpu_percent_mean"), u.get("rss_mb_max"), c.get("image_storage") or "",
+                        *_stage_ms(c.get("stages")), c["verdict"]["bottleneck"],
                         c["verdict"]["advice"], "", ""])
         for e in failed:
             row = dict.fromkeys(CSV_COLUMNS, "")
             row.update(store=e["store"], node=e.get("node") or "", framework=e.get("framework") or "",
                        failed_stage=e.get("stage", ""), error=redact(e["error"]))
             w.writerow(row.values())
+
+
+def _stage_ms(stages: dict | None) -> list:
+    """An image cell's CPU milliseconds per sample of each stage (read, decode, augment)."""
+    return [stages[s] * 1e3 for s in STAGES] if stages else ["", "", ""]
 
 
 def _markdown(cells, locations, stores, nodes, frameworks, projections, rec, notes, errors, target, epochs) -> str:

@@ -3,7 +3,7 @@ images and the one with decoded pixels, read the same samples; each stage's CPU 
 measured; the verdict names the stage that binds (table-driven below, from recorded cells)."""
 from __future__ import annotations
 
-import json
+import csv
 
 import pytest
 
@@ -66,7 +66,18 @@ def test_verdict_names_decode_for_encoded_images_on_a_fast_gpu(image_run):
     assert cells["parquet-decoded"]["verdict"]["bottleneck"] != "decode"
     report = (out / "report.md").read_text()
     assert "parquet-encoded" in report and "parquet-decoded" in report and "decode-bound" in report
-    assert json.loads(json.dumps(cells["blob"]["stages"])) == cells["blob"]["stages"]
+
+
+def test_results_csv_holds_the_stage_costs(image_run):
+    _, out = image_run
+    cells = {(c["store"], c["node"]): c for c in records_of(out) if c["kind"] == "cell"}
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert len(rows) == len(cells) == 6
+    for row in rows:
+        c = cells[(row["store"], row["node"])]
+        assert row["image_storage"] == c["image_storage"]
+        assert [float(row[f"{s}_cpu_ms"]) for s in ("read", "decode", "augment")] == pytest.approx(
+            [c["stages"][s] * 1e3 for s in ("read", "decode", "augment")])
 
 
 def stages(read=0.0001, decode=0.0, augment=0.0001, stored=1000.0, pixels=12288) -> dict:
