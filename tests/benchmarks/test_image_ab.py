@@ -124,3 +124,16 @@ ROWS = [
 @pytest.mark.parametrize("rec,bottleneck,advice", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
 def test_image_verdict(rec, bottleneck, advice):
     assert verdict(rec) == {"bottleneck": bottleneck, "advice": advice}
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--resize", "32x32"], "--resize: {src} holds no JPEG/PNG images"),
+    (["--image-storage", "png"], "unknown --image-storage 'png': choose from encoded, decoded"),
+    (["--resize", "32"], "--resize expects HEIGHTxWIDTH such as 64x64, got '32'"),
+])
+def test_image_options_refused_with_a_clear_error(tmp_path, args, message):
+    src = tmp_path / "vols"
+    assert bench_cli("generate", "volumes", src, "--count", "8", "--shape", "4x4x2x1").exit_code == 0
+    res = bench_cli("run", src, "--out", tmp_path / "out", "--stores", "blob", "--nodes", "t4", *args)
+    assert res.exit_code == 2, res.stderr
+    assert res.stderr.strip().splitlines()[-1] == f"error: {message.format(src=src)}"
