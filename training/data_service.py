@@ -34,7 +34,7 @@ def worker(address: str, port: int, host: str) -> None:
 
     from .service_input import dispatcher_host_port
 
-    dispatcher_host, dispatcher_port = dispatcher_host_port(address)
+    dispatcher_host, dispatcher_port = dispatcher_host_port(address, "--dispatcher")
     config = tf.data.experimental.service.WorkerConfig(
         dispatcher_address=f"{dispatcher_host}:{dispatcher_port}", port=port, worker_address=f"{host}:%port%")
     server = tf.data.experimental.service.WorkerServer(config)

@@ -36,7 +36,7 @@ PROCESSING_MODE = "distributed_epoch"  # every element of the source once per ep
 CONNECT_TIMEOUT_S = 5.0
 
 
-def dispatcher_host_port(address: str) -> tuple[str, int]:
+def dispatcher_host_port(address: str, option: str = "--data-service") -> tuple[str, int]:
     """(host, port) of ``grpc://host:port``; a usage error for anything else."""
     parts = urlsplit(address)
     try:
@@ -44,7 +44,7 @@ def dispatcher_host_port(address: str) -> tuple[str, int]:
     except ValueError:
         port = None
     if parts.scheme != "grpc" or not parts.hostname or port is None or parts.path not in ("", "/"):
-        raise UsageError(f"--data-service must be grpc://HOST:PORT (a tf.data service dispatcher), not {address!r}")
+        raise UsageError(f"{option} must be grpc://HOST:PORT (a tf.data service dispatcher), not {address!r}")
     return parts.hostname, port
 
 
