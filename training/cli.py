@@ -124,6 +124,13 @@ def main_command(
                                  "of the area, aspect 3/4 to 4/3) and horizontal flip of every training image, drawn "
                                  "from (--seed, epoch, sample id), so any --workers gives the same batches. Never "
                                  "applied to --eval-data. Stores of decoded pixels are delivered as stored."),
+    data_service: Optional[str] = typer.Option(None, "--data-service", help="--framework tf, image folders (JPEG/PNG "
+                                               "files): grpc://HOST:PORT of a tf.data service dispatcher; reading, "
+                                               "decoding, resizing and augmenting then run on the service's workers "
+                                               "(other processes or machines, started with `python -m "
+                                               "trainfeed.training.data_service worker`), in TensorFlow ops (pixels "
+                                               "differ slightly from the Pillow path). Every sample once per epoch, "
+                                               "in no reproducible order; no --resume."),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json to stdout."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
@@ -136,7 +143,7 @@ def main_command(
             delta_version=delta_version, labels_csv=labels, field_name=field, shuffle_buffer=shuffle_buffer,
             warmup_steps=warmup_steps, storage_options=parse_storage_options(storage_option), progress=progress,
             io_concurrency=io_concurrency, cache_dir=cache_dir, cache_limit=parse_size(cache_limit, "--cache-limit"),
-            image_size=parse_resize(image_size, "--image-size"), augment=augment,
+            image_size=parse_resize(image_size, "--image-size"), augment=augment, data_service=data_service,
         )
         summary = run(cfg)
     typer.echo(redact_json(summary) if as_json else redact(_human(summary)))

@@ -49,6 +49,7 @@ class TrainConfig:
     cache_limit: int = 10 * 10**9
     image_size: tuple[int, int] | None = None  # encoded images: (H, W) to decode to; default: the store's size
     augment: bool = True  # encoded images: random resized crop + horizontal flip while training (not evaluating)
+    data_service: str | None = None  # grpc://HOST:PORT of a tf.data service dispatcher: input runs on its workers
     progress: bool = True
 
     def to_dict(self) -> dict:
@@ -83,6 +84,8 @@ def check(cfg: TrainConfig) -> None:
     if cfg.image_size is not None and not (len(cfg.image_size) == 2 and all(
             isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in cfg.image_size)):
         raise UsageError(f"--image-size must be two positive integers (height, width), not {cfg.image_size!r}")
+    if cfg.data_service is not None:
+        check_data_service(cfg)
     if cfg.warmup_steps < 0:
         raise UsageError(f"--warmup-steps must be 0 or more, not {cfg.warmup_steps}")
     check_folder("--out", cfg.out)
@@ -103,6 +106,17 @@ def check(cfg: TrainConfig) -> None:
             if not tf.config.list_physical_devices("GPU"):
                 raise TrainfeedError("--device cuda: TensorFlow sees no GPU here (tensorflow-cpu is installed); "
                                      "use --device cpu")
+
+
+def check_data_service(cfg: TrainConfig) -> None:
+    from .service_input import dispatcher_host_port
+
+    if cfg.framework != "tf":
+        raise UsageError("--data-service is a tf.data service: use --framework tf")
+    if cfg.resume:
+        raise UsageError("--data-service does not combine with --resume: the service hands samples to its workers "
+                         "in no fixed order, so a mid-epoch position cannot be resumed without repeats")
+    dispatcher_host_port(cfg.data_service)
 
 
 def check_folder(option: str, path: str) -> None:

@@ -85,7 +85,7 @@ def train(cfg: TrainConfig) -> dict:
         bar.start(cfg.epochs * p.steps_per_epoch)
         for epoch in range(start.epoch, cfg.epochs):
             first = start.step_in_epoch if epoch == start.epoch else 0
-            batches = iter_batches(p.store, p.reader, epoch, start_batch=first)  # a resume reads no earlier piece
+            batches = _batches(cfg, p, epoch, first)
             with closing(Prefetcher(batches, fw.to_inputs)) as prefetch:
                 for step_in_epoch in range(first, p.steps_per_epoch):
                     item, wait = prefetch.get()
@@ -118,6 +118,14 @@ def train(cfg: TrainConfig) -> dict:
     files.write_summary(summary)
     files.close()
     return summary
+
+
+def _batches(cfg: TrainConfig, p: Plan, epoch: int, first: int):
+    if cfg.data_service:  # read + decode + augment on the tf.data service's workers (no resume: first is 0)
+        from .service_input import iter_batches as service_batches
+
+        return service_batches(p.store, p.reader, epoch, cfg.data_service)
+    return iter_batches(p.store, p.reader, epoch, start_batch=first)  # a resume reads no earlier piece
 
 
 def _start(cfg: TrainConfig, p: Plan, fw: Framework, signature: str | None) -> Position:

@@ -64,6 +64,11 @@ def plan(cfg: TrainConfig) -> Plan:
     if cfg.image_size is not None and store.images is None:
         raise UsageError(f"--image-size applies to encoded images (JPEG/PNG); {store.path} holds "
                          f"{store.spec.dtype} arrays of shape {tuple(store.spec.shape)}")
+    if cfg.data_service:
+        from .service_input import check_reachable, check_store
+
+        check_store(store)
+        check_reachable(cfg.data_service)
     input_shape = model_input_shape(store)
     full = check_sharding(store, world, cfg.batch_size)
     steps = min(full, cfg.steps_per_epoch) if cfg.steps_per_epoch else full

@@ -1,0 +1,153 @@
+"""`train --framework tf --data-service`: a real tf.data service (a dispatcher and two workers,
+each its own process on loopback) runs read + decode + augment; every sample of an epoch
+arrives exactly once, augmentation is seeded, and an unreachable dispatcher is a clear error."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import run_cli, write_images
+from trainfeed.training.readers import ReaderOptions, iter_batches, open_store
+
+pytestmark = pytest.mark.tf
+
+SIZE = (24, 32)
+N = 26  # not a multiple of the batch: the last, short batch must still come
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "trainfeed.training.data_service", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+
+
+def wait_serving(proc: subprocess.Popen) -> None:
+    line = proc.stdout.readline()  # the server prints this one line once it serves (TF logs go to stderr)
+    assert "serving" in line, f"server exited with {proc.wait()}" 
+
+
+@pytest.fixture(scope="module")
+def service():
+    """grpc://127.0.0.1:PORT of a dispatcher with two registered workers, all stopped afterwards."""
+    port = free_port()
+    address = f"grpc://127.0.0.1:{port}"
+    procs = [serve("dispatcher", "--port", str(port))]
+    try:
+        wait_serving(procs[0])
+        for _ in range(2):
+            procs.append(serve("worker", "--dispatcher", address, "--port", str(free_port()), "--host", "127.0.0.1"))
+            wait_serving(procs[-1])
+        time.sleep(1.0)  # workers register with the dispatcher by heartbeat
+        yield address
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=30)
+    assert all(proc.poll() is not None for proc in procs)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("offload") / "imgs"
+    write_images(root, N, size=SIZE)
+    return root
+
+
+def service_epoch(folder, address, *, epoch=0, augment=True, seed=0):
+    from trainfeed.training.service_input import iter_batches as service_batches
+
+    opts = ReaderOptions(batch_size=4, seed=seed, augment=augment, drop_last=False)
+    return list(service_batches(open_store(str(folder), None, opts), opts, epoch, address))
+
+
+def local_epoch(folder):
+    """id -> (pixels, label) from trainfeed's own reader (Pillow), in this process."""
+    opts = ReaderOptions(batch_size=4, shuffle=False, drop_last=False, augment=False)
+    return by_id(iter_batches(open_store(str(folder), None, opts), opts))
+
+
+def by_id(batches):
+    return {i: (x, y) for b in batches for i, x, y in zip(b.ids, b.x, b.y)}
+
+
+def test_every_sample_exactly_once_from_the_workers(folder, service):
+    local = local_epoch(folder)
+    batches = service_epoch(folder, service)
+    ids = [i for b in batches for i in b.ids]
+    assert sorted(ids) == sorted(local) and len(ids) == N  # exactly once: no repeat, none missing
+    got = by_id(batches)
+    for i, (x, y) in got.items():
+        assert x.shape == (*SIZE, 3) and x.dtype == np.uint8
+        assert y == local[i][1]  # labels travel with their sample
+
+
+def test_augmentation_is_seeded_by_seed_epoch_and_id(folder, service):
+    first, again = by_id(service_epoch(folder, service)), by_id(service_epoch(folder, service))
+    other_epoch = by_id(service_epoch(folder, service, epoch=1))
+    assert all(np.array_equal(first[i][0], again[i][0]) for i in first)  # whichever worker ran it
+    assert sum(not np.array_equal(first[i][0], other_epoch[i][0]) for i in first) > N // 2
+
+
+def test_without_augmentation_pixels_at_the_stored_size_are_pillows(folder, service):
+    local = local_epoch(folder)
+    got = by_id(service_epoch(folder, service, augment=False))
+    for i, (x, _) in got.items():  # no resize: libjpeg's accurate DCT on both sides
+        assert np.array_equal(x, local[i][0]), i
+
+
+def test_train_with_data_service(folder, service, tmp_path):
+    from trainfeed.training.cli import app
+
+    res = run_cli(app, "--data", folder, "--framework", "tf", "--data-service", service, "--batch-size", "4",
+                  "--epochs", "2", "--width", "8", "--out", tmp_path / "out", "--json", "--no-progress")
+    assert res.exit_code == 0, res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["steps"] == 2 * (N // 4)  # drop_last: every full batch of both epochs
+    steps = [json.loads(line) for line in (tmp_path / "out" / "steps.jsonl").read_text().splitlines()]
+    assert [s["samples"] for s in steps] == [4] * (2 * (N // 4))
+
+
+def test_unreachable_dispatcher_is_a_clear_error(folder, tmp_path):
+    from trainfeed.training.cli import app
+
+    address = f"grpc://127.0.0.1:{free_port()}"
+    res = run_cli(app, "--data", folder, "--framework", "tf", "--data-service", address, "--width", "8",
+                  "--out", tmp_path / "out", "--no-progress")
+    assert res.exit_code == 1
+    assert "cannot reach the tf.data service dispatcher" in res.stderr and address in res.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--framework", "torch"], "use --framework tf"),
+    (["--framework", "tf", "--resume", "--checkpoint-dir", "ck"], "does not combine with --resume"),
+])
+def test_usage_errors(folder, tmp_path, args, message):
+    from trainfeed.training.cli import app
+
+    res = run_cli(app, "--data", folder, "--data-service", "grpc://127.0.0.1:1", *args, "--out", tmp_path / "o",
+                  "--no-progress")
+    assert res.exit_code == 2 and message in res.stderr
+
+
+def test_compacted_store_is_refused(folder, tmp_path):
+    from trainfeed.converters.cli import app as convert
+    from trainfeed.training.cli import app
+
+    assert run_cli(convert, folder, tmp_path / "s.parquet", "--to", "parquet", "--no-progress").exit_code == 0
+    res = run_cli(app, "--data", tmp_path / "s.parquet", "--framework", "tf", "--data-service", "grpc://127.0.0.1:1",
+                  "--out", tmp_path / "o", "--no-progress")
+    assert res.exit_code == 2 and "TensorFlow has no reader for it" in res.stderr
