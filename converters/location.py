@@ -71,6 +71,10 @@ class Location:
         """The whole of ``name`` in this folder; FileNotFoundError if it is not there."""
         return self.fs.cat_file(self.file(name))
 
+    def names(self) -> list[str]:
+        """Names of the entries directly in this folder (one listing request)."""
+        return [e.rstrip("/").rsplit("/", 1)[-1] for e in self.fs.ls(self.path, detail=False)]
+
     def sizes(self) -> dict[str, int]:
         """Size of every object directly in this folder, by path (one listing request)."""
         return {e["name"].rstrip("/"): int(e.get("size") or 0) for e in self.fs.ls(self.path, detail=True)

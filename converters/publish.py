@@ -56,7 +56,7 @@ def _names(dst: Location) -> set[str]:
     try:
         if not dst.fs.isdir(dst.path):
             return {dst.name} if dst.fs.exists(dst.path) else set()
-        return {e.rstrip("/").rsplit("/", 1)[-1] for e in dst.fs.ls(dst.path, detail=False)}
+        return set(dst.names())
     except FileNotFoundError:
         return set()
 

@@ -105,7 +105,7 @@ def _identify_remote(loc: Location) -> Found | None:
         if hdf5.written_by_trainfeed(loc):
             return _owned("hdf5")
         return Found(f"an object of {int(info.get('size') or 0):,} bytes that is not a trainfeed store")
-    names = [e.rstrip("/").rsplit("/", 1)[-1] for e in loc.fs.ls(loc.path, detail=False)]
+    names = loc.names()
     if names and all(RUN_PART.fullmatch(n) for n in names):
         return Found(f"{len(names)} data files an interrupted trainfeed run left (no commit record)", replaceable=True,
                      leftovers=True)

@@ -162,7 +162,7 @@ def _check_not_an_unfinished_store(location) -> None:
     if not location.exists():
         raise TrainfeedError(f"{location.shown}: not found (no store and no folder of sample files there)")
     if location.fs.isdir(location.path):
-        names = [e.rstrip("/").rsplit("/", 1)[-1] for e in location.fs.ls(location.path, detail=False)]
+        names = location.names()
         data = [n for n in names if n.endswith((".parquet", ".h5", ".hdf5"))]
         if data and len(data) == len(names):
             raise TrainfeedError(f"{location.shown}: not a complete store: {len(data)} data files but no "
