@@ -17,7 +17,7 @@ from trainfeed.converters.progress import progress_bar
 from trainfeed.converters.redact import redact, redact_json
 from trainfeed.converters.remote_io import DEFAULT_IO_CONCURRENCY
 
-from .cost import CATALOG
+from .catalog import CATALOG
 from .matrix import IMAGE_STORAGES, STORES
 from .synth import IMAGE_SIZE, VOLUME_SHAPE, generate_images, generate_volumes
 
@@ -96,6 +96,12 @@ def generate(
     typer.echo(json.dumps(info) if as_json else f"{info['count']} {info['kind']} written to {info['path']}")
 
 
+BASELINE_HELP = ("Your current loader, for the small files' row: KEY=VALUE,... of name, concurrency (requests "
+                 "in flight), threads (that read and decode; default: concurrency), prefetch (on/off), framework. "
+                 "E.g. concurrency=1,prefetch=off,framework=tf for a generator reading one file at a time. The "
+                 "report then says what repacking gains over it and what better loading alone would gain.")
+
+
 def _csv(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
@@ -111,7 +117,8 @@ def _csv(text: str) -> tuple[str, ...]:
                   "are appended as they finish: a failed cell does not lose the others, and the report says why "
                   "each failed cell failed. Exit 1 when no cell could be measured.")
 def run(
-    src: str = typer.Argument(..., help="Folder (or fsspec URL) of the small files: the blob layout."),
+    src: Optional[str] = typer.Argument(None, help="Folder (or fsspec URL) of the small files: the blob layout. "
+                                        "Optional with --scenario (which then generates its dataset into OUT/data)."),
     out: Path = typer.Option(Path("bench-out/ab"), "--out", help="Results folder (the local backend's stores go to "
                              "OUT/stores, a local copy of a remote store to OUT/local-copy)."),
     labels: Optional[str] = typer.Option(None, "--labels", help="Labels CSV (id,label); default SRC/labels.csv if "
@@ -148,6 +155,11 @@ def run(
                                       "compacted stores hold the images, comma-separated: encoded (JPEG/PNG bytes, "
                                       "decoded as read), decoded (pixels); one store per format and choice, named "
                                       "FORMAT-encoded, FORMAT-decoded."),
+    baseline_loader: Optional[str] = typer.Option(None, "--baseline-loader", help=BASELINE_HELP),
+    scenario: Optional[Path] = typer.Option(None, "--scenario", help="A scenario file (TOML, see scenarios/): the "
+                                            "workload, model, storage, loaders and nodes to project onto, with the "
+                                            "published times to compare with; it sets the matrix (stores, nodes, "
+                                            "steps, batch, width, latency profile) and writes OUT/reference.json."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     from trainfeed.converters.cli import parse_resize
@@ -155,8 +167,23 @@ def run(
 
     from . import report as report_mod
     from .matrix import MatrixConfig, run_matrix
+    from .model import parse_loader
+    from .progress import MatrixProgress
+    from .scenario import load_scenario, prepare
 
     with exit_codes():
+        baseline = parse_loader(baseline_loader) if baseline_loader else None
+        log = lambda m: typer.echo(redact(m), err=True)  # noqa: E731
+        if scenario is not None:
+            sc = load_scenario(scenario)
+            cfg = prepare(sc, out, src, log)
+            run_matrix(cfg, log, MatrixProgress(0))
+            info = report_mod.build(str(out), catalog=catalog, scenario=sc)
+            typer.echo(redact_json(info, default=str) if as_json else _report_line(info))
+            _fail_unless_measured(info)
+            return
+        if src is None:
+            raise UsageError("SRC is required unless --scenario is given")
         labels = labels or (str(Path(src) / "labels.csv") if "://" not in src and (Path(src) / "labels.csv").exists() else None)
         cfg = MatrixConfig(src=src, out=str(out), labels_csv=labels, stores=_csv(stores), nodes=_csv(nodes),
                            frameworks=_csv(frameworks), steps=steps, cpu_steps=cpu_steps, batch_size=batch_size,
@@ -165,8 +192,9 @@ def run(
                            storage_profile=None if storage_profile == "none" else storage_profile,
                            storage_options=parse_storage_options(storage_option), resize=parse_resize(resize),
                            image_storage=_csv(image_storage))
-        run_matrix(cfg, lambda m: typer.echo(redact(m), err=True))
-        info = report_mod.build(str(out), target_samples=target_samples, target_epochs=target_epochs, catalog=catalog)
+        run_matrix(cfg, log, MatrixProgress(0))
+        info = report_mod.build(str(out), target_samples=target_samples, target_epochs=target_epochs, catalog=catalog,
+                                baseline=baseline)
         typer.echo(redact_json(info, default=str) if as_json else _report_line(info))
         _fail_unless_measured(info)
 
@@ -188,11 +216,15 @@ def report(
     target_samples: int = typer.Option(650_000, "--target-samples"),
     target_epochs: int = typer.Option(5, "--target-epochs"),
     catalog: Path = typer.Option(CATALOG, "--catalog"),
+    baseline_loader: Optional[str] = typer.Option(None, "--baseline-loader", help=BASELINE_HELP),
 ) -> None:
     from . import report as report_mod
+    from .model import parse_loader
 
     with exit_codes():
-        info = report_mod.build(str(out), target_samples=target_samples, target_epochs=target_epochs, catalog=catalog)
+        baseline = parse_loader(baseline_loader) if baseline_loader else None
+        info = report_mod.build(str(out), target_samples=target_samples, target_epochs=target_epochs, catalog=catalog,
+                                baseline=baseline)
         typer.echo(_report_line(info))
         _fail_unless_measured(info)
 
@@ -215,7 +247,7 @@ def calibrate(
 
     dims = _shape(shape)
     device = ("cuda" if _cuda() else "cpu") if device == "auto" else device
-    seconds = compute_only_torch(dims, batch_size, width, max(2, steps), device, amp)
+    seconds, _ = compute_only_torch(dims, batch_size, width, max(2, steps), device, amp)
     import torch
 
     label = torch.cuda.get_device_name(0) if device == "cuda" else f"CPU ({os.cpu_count()} cores)"

@@ -1,147 +1,164 @@
-"""Instance catalog, and time / cost projections of the user's full workload per instance.
+"""Time and cost of the user's full workload on each instance of the catalog: ``model.project``
+of the quantities measured here (see model.py), priced per hour and per job.
 
-How a projection is made (also printed in the report):
-- GPU instance: compute rate = batch / step time of its GPU profile (calibrated if measured,
-  else FLOPs / (peak x efficiency), an estimate) x GPU count; input rate = the store's
-  ingest-only rate measured here x (instance vCPUs / local cores) — read and decode scale
-  with vCPUs; the projected rate is the smaller of the two.
-- CPU instance: the real CPU-node rate measured here x (instance vCPUs / local cores).
-Linear scaling in vCPUs is an assumption; calibrate on the real instance to replace it.
+The measured quantities travel to an instance as they are, except where the instance differs
+from this machine: its vCPUs (the reader's threads are capped by them), its GPUs (their step
+time from the accelerator profile: calibrated if measured, else estimated), its network. CPU
+work per sample and per step can be scaled by ``cpu_speed`` (the instance's per-vCPU speed
+relative to this machine; 1.0 unless a scenario sources another figure).
 """
 from __future__ import annotations
 
-import csv
-import math
-from dataclasses import dataclass
-from pathlib import Path
+import statistics
+from dataclasses import dataclass, replace
 
-from trainfeed.converters.errors import TrainfeedError
+from .catalog import DbuRate, Instance, hourly_cost
+from .measured import layout_of
+from .model import Device, Layout, Loader, Machine, Projection, project
+from .profiles import ACCELERATORS, Accelerator, ObjectStore, calibration_key, step_seconds
 
-from .profiles import ACCELERATORS, calibration_key, step_seconds
-
-CATALOG = Path(__file__).with_name("instances.csv")
-COLUMNS = ("cloud", "region", "instance", "vcpus", "ram_gib", "gpus", "gpu_model", "gpu_mem_gib",
-           "on_demand_usd_per_h", "spot_usd_per_h", "price_date", "source")
 GPU_PROFILES = {"NVIDIA T4": "t4", "NVIDIA V100": "v100", "NVIDIA A10G": "a10g", "NVIDIA A100": "a100",
                 "NVIDIA H100": "h100"}
 
 
-@dataclass
-class Instance:
-    cloud: str
-    name: str
-    vcpus: int
-    ram_gib: float
-    gpus: int
-    gpu_model: str
-    on_demand: float | None
-    spot: float | None
-    price_date: str
-    source: str
+@dataclass(frozen=True)
+class Workload:
+    samples: int  # per epoch
+    epochs: int
+
+    @property
+    def total(self) -> int:
+        return self.samples * self.epochs
 
 
-def _number(value: str, kind, path: Path, line: int, column: str):
-    if value.strip() == "":
+@dataclass(frozen=True)
+class Spot:
+    """What preemption costs a spot run: trainfeed checkpoints on SIGTERM (the clouds give notice
+    before they reclaim a spot VM) and resumes with --resume, so an interruption loses the restart
+    time, not the work since the last checkpoint."""
+
+    interruptions_per_hour: float = 0.05
+    restart_s: float = 300.0
+    source: str = ("assumed: 5% chance of an interruption per hour, 5 min to get a new VM, start and resume "
+                   "(set yours from the provider's eviction history)")
+
+    def stretch(self, seconds: float) -> float:
+        return seconds * (1 + self.interruptions_per_hour * self.restart_s / 3600)
+
+
+def store_layout(cells: list[dict], store: str) -> Layout | None:
+    """One store's per-sample read cost: the median over its measured cells (every cell read
+    the store through the same reader)."""
+    layouts = [layout_of(c) for c in cells if c["kind"] == "cell" and c["store"] == store]
+    if not layouts:
         return None
-    try:
-        return kind(value)
-    except ValueError:
-        raise TrainfeedError(f"{path}, line {line}: column {column!r} must be a number, got {value!r}") from None
+    return Layout(store, statistics.median(x.cpu_s_per_sample for x in layouts),
+                  statistics.median(x.bytes_per_sample for x in layouts),
+                  statistics.median(x.request_bytes for x in layouts), layouts[0].how)
 
 
-def load_catalog(path: Path = CATALOG) -> tuple[list[Instance], list[str]]:
-    """Instances, and notes about rows that cannot be priced (kept out of cost projections)."""
-    path = Path(path)
-    try:
-        rows = list(csv.DictReader(path.open()))
-    except FileNotFoundError:
-        raise TrainfeedError(f"{path}: instance catalog not found") from None
-    if not rows or set(COLUMNS) - set(rows[0]):
-        raise TrainfeedError(f"{path}: catalog needs the columns {', '.join(COLUMNS)}")
-    out, notes = [], []
-    for line, r in enumerate(rows, 2):
-        vcpus = _number(r["vcpus"], int, path, line, "vcpus")
-        if not r["instance"] or vcpus is None:
-            raise TrainfeedError(f"{path}, line {line}: 'instance' and 'vcpus' are required")
-        inst = Instance(r["cloud"], r["instance"], vcpus, _number(r["ram_gib"], float, path, line, "ram_gib") or 0.0,
-                        _number(r["gpus"], int, path, line, "gpus") or 0, r["gpu_model"],
-                        _number(r["on_demand_usd_per_h"], float, path, line, "on_demand_usd_per_h"),
-                        _number(r["spot_usd_per_h"], float, path, line, "spot_usd_per_h"), r["price_date"], r["source"])
-        if inst.on_demand is None:
-            notes.append(f"{path.name}, line {line} ({inst.cloud} {inst.name}): no on-demand price; "
-                         "time projected, cost not")
-        out.append(inst)
-    return out, notes
+def gpu_device(model: str, count: int, cell: dict, accelerators: dict[str, Accelerator] | None = None) -> Device | None:
+    """``count`` GPUs of ``model`` computing the cell's step: the profile's calibrated step time
+    for this shape and batch, else its estimate. None for a GPU without a profile."""
+    name = GPU_PROFILES.get(model)
+    if name is None:
+        return None
+    acc = (accelerators or {}).get(name) or ACCELERATORS[name]
+    key = calibration_key(cell["sample_shape"], cell["batch_size"], cell["width"], False)
+    step_s, how = step_seconds(acc, cell["flops_per_step"], key)
+    return Device(name, count, step_s, how)
 
 
-def project(cells: list[dict], catalog: list[Instance], store: str, *, target_samples: int, epochs: int) -> list[dict]:
-    """Projected time and cost of ``target_samples x epochs`` on each instance, from the
-    measured cells of one store."""
-    mine = [c for c in cells if c["kind"] == "cell" and c["store"] == store]
-    if not mine:
+def cpu_device(cells: list[dict]) -> Device | None:
+    """This machine's CPU as a device: CPU-seconds of one training step, measured (None when no
+    cell ran on the CPU)."""
+    steps = [c["compute_only"].get("cpu_s_per_step") for c in cells if c["kind"] == "cell" and c["node"] == "cpu"]
+    steps = [s for s in steps if s]
+    return Device("cpu", 0, statistics.median(steps), "measured") if steps else None
+
+
+def machine_of_instance(inst: Instance, cells: list[dict], accelerators: dict[str, Accelerator] | None = None,
+                        cpu_speed: float = 1.0) -> Machine | None:
+    """The instance as the model sees it; None when its device cannot be modelled (a GPU
+    without a profile, or a CPU instance when no cell measured the CPU step)."""
+    ref = next(c for c in cells if c["kind"] == "cell")
+    if inst.gpus:
+        device = gpu_device(inst.gpu_model, inst.gpus, ref, accelerators)
+    else:
+        device = cpu_device(cells)
+        if device is not None:
+            device = replace(device, step_s=device.step_s / cpu_speed)
+    if device is None:
+        return None
+    return Machine(inst.name, inst.vcpus, device, inst.network_gbps)
+
+
+def projection_row(machine: Machine, layout: Layout, loader: Loader, storage: ObjectStore | None, batch: int,
+                   workload: Workload, inst: Instance | None = None, *, cpu_speed: float = 1.0,
+                   dbu: DbuRate | None = None, spot: Spot = Spot()) -> dict:
+    """One row of every projection table: the rate, time and cost of ``workload`` on ``machine``
+    reading ``layout`` with ``loader``; the same function for the headline, the catalog and
+    the scenario, so their rows for one machine are equal."""
+    if cpu_speed != 1.0:
+        layout = replace(layout, cpu_s_per_sample=layout.cpu_s_per_sample / cpu_speed)
+    proj: Projection = project(machine, layout, loader, storage, batch)
+    seconds = proj.seconds(workload.total)
+    row = {"machine": machine.name, "vcpus": machine.vcpus, "gpus": machine.device.count,
+           "device": machine.device.name, "device_how": machine.device.how, "store": layout.store,
+           "loader": loader.name, "samples_per_s": proj.samples_per_s, "seconds": seconds,
+           "bottleneck": proj.bottleneck, "limits": proj.limits, "serial": proj.serial,
+           "usd_per_hour": None, "usd_per_job": None, "spot_usd_per_hour": None, "spot_usd_per_job": None,
+           "usd_per_1k_samples": None}
+    if inst is not None:
+        row.update(cloud=inst.cloud, region=inst.region, price_date=inst.price_date, price_source=inst.source)
+        hourly, spot_hourly = hourly_cost(inst, dbu=dbu), hourly_cost(inst, spot=True, dbu=dbu)
+        if hourly:
+            row.update(usd_per_hour=hourly, usd_per_job=hourly * seconds / 3600,
+                       usd_per_1k_samples=hourly * seconds / 3600 / workload.total * 1000)
+        if spot_hourly:
+            row.update(spot_usd_per_hour=spot_hourly, spot_usd_per_job=spot_hourly * spot.stretch(seconds) / 3600)
+    return row
+
+
+def project_catalog(cells: list[dict], catalog: list[Instance], store: str, loader: Loader,
+                    storage: ObjectStore | None, workload: Workload, *,
+                    accelerators: dict[str, Accelerator] | None = None, cpu_speeds: dict[str, float] | None = None,
+                    dbu: dict[str, DbuRate] | None = None) -> list[dict]:
+    """Every catalog instance the model can project for one store read with one loader, the
+    cheapest and fastest marked; sorted by cost per job (unpriced last), then time.
+    ``cpu_speeds``: per-vCPU speed relative to this machine by instance name (default 1.0)."""
+    layout = store_layout(cells, store)
+    if layout is None:
         return []
-    local_cores = mine[0]["env"]["cores"]
-    ingest = _median([c["ingest_only"]["samples_per_s"] for c in mine])
-    cpu_cells = [c for c in mine if c["node"] == "cpu"]
-    cpu_rate = _median([c["real"]["samples_per_s"] for c in cpu_cells]) if cpu_cells else None
-    ref = mine[0]
-    total = target_samples * epochs
-    out = []
+    batch = next(c for c in cells if c["kind"] == "cell")["batch_size"]
+    rows = []
     for inst in catalog:
-        scale = inst.vcpus / local_cores
-        row = {"cloud": inst.cloud, "instance": inst.name, "vcpus": inst.vcpus, "gpus": inst.gpus,
-               "gpu_model": inst.gpu_model, "ram_gib": inst.ram_gib, "store": store}
-        if inst.gpus:
-            profile = GPU_PROFILES.get(inst.gpu_model)
-            if profile is None:
-                continue  # no step-time profile for this GPU (K80, M60, L4, Gaudi): not projected
-            acc = ACCELERATORS[profile]
-            key = calibration_key(ref["sample_shape"], ref["batch_size"], ref["width"], False)
-            step_s, how = step_seconds(acc, ref["flops_per_step"], key)
-            compute_rate = ref["batch_size"] / step_s * inst.gpus
-            feed_rate = ingest * scale
-            rate = min(compute_rate, feed_rate)
-            if feed_rate < compute_rate:
-                need = math.ceil(local_cores * compute_rate / ingest)
-                constraint = f"input pipeline: needs ~{need} vCPUs to feed {inst.gpus} GPU(s), has {inst.vcpus}"
-            else:
-                constraint = f"GPU compute ({how})"
-            basis = f"min(GPU {how}, ingest measured x {scale:.1f})"
-        else:
-            if cpu_rate is None:
-                continue
-            rate = cpu_rate * scale
-            constraint, basis = "CPU compute", f"CPU-node rate measured x {scale:.1f}"
-        hours = total / rate / 3600
-        row.update(samples_per_s=rate, hours=hours, constraint=constraint, basis=basis,
-                   on_demand_usd=hours * inst.on_demand if inst.on_demand else None,
-                   spot_usd=hours * inst.spot if inst.spot else None,
-                   price_date=inst.price_date, price_source=inst.source)
-        dataset_gib = target_samples * ref["sample_bytes"] / 2**30
-        if inst.ram_gib and dataset_gib > 0.8 * inst.ram_gib:
-            row["ram_note"] = f"dataset ({dataset_gib:.0f} GiB) does not fit in RAM ({inst.ram_gib:.0f} GiB): every epoch reads storage"
-        out.append(row)
-    fastest = min((r["hours"] for r in out), default=None)
-    cheapest = min((r["on_demand_usd"] for r in out if r["on_demand_usd"]), default=None)
-    for r in out:
-        r["time_vs_fastest"] = r["hours"] / fastest if fastest else None
-        r["cost_vs_cheapest"] = r["on_demand_usd"] / cheapest if cheapest and r["on_demand_usd"] else None
-    return sorted(out, key=lambda r: (r["on_demand_usd"] is None, r["on_demand_usd"] or 0, r["hours"]))
+        speed = (cpu_speeds or {}).get(inst.name, 1.0)
+        machine = machine_of_instance(inst, cells, accelerators, speed)
+        if machine is not None:
+            rows.append(projection_row(machine, layout, loader, storage, batch, workload, inst, cpu_speed=speed,
+                                       dbu=(dbu or {}).get(inst.cloud)))
+    mark_extremes(rows)
+    return sorted(rows, key=lambda r: (r["usd_per_job"] is None, r["usd_per_job"] or 0, r["seconds"]))
+
+
+def mark_extremes(rows: list[dict]) -> None:
+    """Flag the fastest row and the cheapest priced one (ties: the first), and each row's ratio
+    to them."""
+    if not rows:
+        return
+    fastest = min(rows, key=lambda r: r["seconds"])
+    priced = [r for r in rows if r["usd_per_job"]]
+    cheapest = min(priced, key=lambda r: r["usd_per_job"]) if priced else None
+    for r in rows:
+        r["fastest"], r["cheapest"] = r is fastest, r is cheapest
+        r["time_vs_fastest"] = r["seconds"] / fastest["seconds"]
+        r["cost_vs_cheapest"] = r["usd_per_job"] / cheapest["usd_per_job"] if cheapest and r["usd_per_job"] else None
 
 
 def recommend(projections: dict[str, list[dict]]) -> dict | None:
-    """The cheapest priced (store, instance), the fastest, and the constraint that binds."""
-    rows = [r for rs in projections.values() for r in rs if r.get("on_demand_usd")]
+    """The cheapest priced (store, instance) and the fastest, across stores."""
+    rows = [r for rs in projections.values() for r in rs if r.get("usd_per_job")]
     if not rows:
         return None
-    cheapest = min(rows, key=lambda r: r["on_demand_usd"])
-    fastest = min(rows, key=lambda r: r["hours"])
-    return {"cheapest": cheapest, "fastest": fastest}
-
-
-def _median(values):
-    values = sorted(v for v in values if v is not None)
-    if not values:
-        return None
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+    return {"cheapest": min(rows, key=lambda r: r["usd_per_job"]), "fastest": min(rows, key=lambda r: r["seconds"])}

@@ -27,13 +27,17 @@ from trainfeed.training.metrics import StepTimer, UtilizationSampler, environmen
 from trainfeed.training.readers import Batch, ReaderOptions, iter_batches, open_store
 from trainfeed.training.run import Prefetcher, record
 
+from .hostload import LoadMonitor
+from .progress import MatrixProgress, NullProgress
+from .measured import layout_of, loader_of, machine_of, storage_of
+from .model import COMPUTE, DECODE, LATENCY, Projection, project
 from .profiles import (ACCELERATORS, calibration_key, load_accelerator, load_object_store, model_flops,
                        step_seconds)
 from .stages import STAGES, image_verdict, stage_costs
 from .storage import (Backend, StoreSource, check_labels, local_copy, open_backend, plan_backend, stage_small_files,
                       stage_store)
 
-RESULTS_VERSION = 3
+RESULTS_VERSION = 4
 #: The small-file layout as it is (the baseline), then every format of the registry.
 STORES = tuple(dict.fromkeys(("blob", *FORMATS)))
 #: How a compacted store of an image folder holds its images (``convert --image-storage``).
@@ -216,22 +220,55 @@ def id_label_digest(pairs: Iterable[tuple[str, int]]) -> str:
     return hashlib.sha256("\n".join(sorted(f"{i}\t{int(y)}" for i, y in pairs)).encode()).hexdigest()
 
 
-def ingest_only(src: StoreSource, opts: ReaderOptions, steps: int) -> dict:
+def _no_step(done: int) -> None:
+    """The default step callback: no progress display."""
+
+
+def ingest_only(src: StoreSource, opts: ReaderOptions, steps: int, on_step: Callable[[int], None] = _no_step) -> dict:
+    """The reader alone for ``steps`` batches after a warm-up batch (as the real run's first step
+    is warm-up): its wall rate, the process CPU-seconds it spent per sample (what the projection
+    model uses: a busy machine stretches wall time far more than CPU time) and, behind the
+    latency emulation, the requests it sent."""
     store = open_store(src.path, src.fmt, opts)
-    t0 = time.perf_counter()  # from the first request: filling the shuffle buffer is reading too
-    tally = ReadTally()
-    for i, batch in enumerate(iter_batches(store, opts), 1):
-        tally.add(batch)
-        if i >= steps:
-            break
-    seconds = time.perf_counter() - t0
-    return {"samples_per_s": tally.samples / seconds if seconds else None,
-            "mb_per_s": tally.nbytes / seconds / 1e6 if seconds else None, "samples": tally.samples,
-            "seconds": seconds, "ids_labels_sha256": tally.digest}
+    requests = _request_counter(src)
+    tally = ReadTally()  # every sample read, the warm-up batch too: the digest covers them all
+    batches = iter_batches(store, opts)
+    first = next(batches, None)  # warm-up: opening, the first requests, filling the shuffle buffer
+    if first is not None:
+        tally.add(first)
+    if requests:
+        requests.reset_stats()
+    with LoadMonitor() as load:
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        for i, batch in enumerate(batches, 1):
+            tally.add(batch)
+            on_step(i + 1)
+            if i >= steps - 1:  # steps in all, the warm-up batch included, as in the real run
+                break
+        seconds, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
+    timed = tally.samples - (len(first.ids) if first is not None else 0)
+    timed_bytes = tally.nbytes - (first.nbytes if first is not None else 0)
+    return {"samples_per_s": timed / seconds if seconds and timed else None,
+            "mb_per_s": timed_bytes / seconds / 1e6 if seconds and timed else None, "samples": tally.samples,
+            "timed_samples": timed, "seconds": seconds, "cpu_s": cpu_s,
+            "cpu_s_per_sample": cpu_s / timed if timed else None,
+            "requests": requests.stats() if requests else None, "ids_labels_sha256": tally.digest,
+            "load": load.summary()}
 
 
-def compute_only_torch(shape, batch: int, width: int, steps: int, device: str = "cpu", amp: bool = False) -> float:
-    """Median seconds of a real training step on synthetic data already on the device."""
+def _request_counter(src: StoreSource):
+    """The emulated storage's client (its request counters), None for storage as it is."""
+    if not src.path.startswith("emulated://"):
+        return None
+    import fsspec
+
+    return fsspec.filesystem("emulated", **src.storage_options)
+
+
+def compute_only_torch(shape, batch: int, width: int, steps: int, device: str = "cpu",
+                       amp: bool = False) -> tuple[float, float]:
+    """Median seconds of a real training step on synthetic data already on the device, and the
+    process CPU-seconds per step (after the first)."""
     import torch
 
     from trainfeed.training.models_torch import build
@@ -241,9 +278,9 @@ def compute_only_torch(shape, batch: int, width: int, steps: int, device: str = 
     opt = torch.optim.Adam(model.parameters())
     x = torch.randn(batch, *shape, device=dev)
     y = torch.randint(0, 2, (batch,), device=dev).float()
-    times = []
+    times, cpu = [], []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad(set_to_none=True)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
             out = model(x)
@@ -253,10 +290,12 @@ def compute_only_torch(shape, batch: int, width: int, steps: int, device: str = 
         if dev.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    return float(np.median(times[1:]))
+        cpu.append(time.process_time() - c0)
+    return float(np.median(times[1:])), float(np.mean(cpu[1:]))
 
 
-def compute_only_tf(shape, batch: int, width: int, steps: int) -> float:
+def compute_only_tf(shape, batch: int, width: int, steps: int) -> tuple[float, float]:
+    """As ``compute_only_torch``, for the Keras model."""
     import keras
     import tensorflow as tf
 
@@ -275,22 +314,25 @@ def compute_only_tf(shape, batch: int, width: int, steps: int) -> float:
         opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
         return loss
 
-    times = []
+    times, cpu = [], []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         step().numpy()
         times.append(time.perf_counter() - t0)
-    return float(np.median(times[1:]))
+        cpu.append(time.process_time() - c0)
+    return float(np.median(times[1:])), float(np.mean(cpu[1:]))
 
 
-def emulated_run(src: StoreSource, opts: ReaderOptions, step_s: float, steps: int, out_dir: Path) -> dict:
+def emulated_run(src: StoreSource, opts: ReaderOptions, step_s: float, steps: int, out_dir: Path,
+                 on_step: Callable[[int], None] = _no_step) -> dict:
     """The real reader feeds a step that occupies the (emulated) accelerator for ``step_s``:
     the host is free meanwhile, as with a real GPU."""
     store = open_store(src.path, src.fmt, opts)
     timer = StepTimer(warmup_steps=1)
     util_path = out_dir / "utilization.jsonl"
     tally = ReadTally()
-    with open(util_path, "w") as fh, UtilizationSampler(sink=lambda r: fh.write(json.dumps(r) + "\n")) as util:
+    with (open(util_path, "w") as fh, UtilizationSampler(sink=lambda r: fh.write(json.dumps(r) + "\n")) as util,
+          LoadMonitor() as load):
         prefetch = Prefetcher(iter_batches(store, opts), lambda b: None, depth=2)
         try:
             for step in range(1, steps + 1):
@@ -302,10 +344,11 @@ def emulated_run(src: StoreSource, opts: ReaderOptions, step_s: float, steps: in
                 t0 = time.perf_counter()
                 time.sleep(step_s)
                 record(timer, step, 0, wait, time.perf_counter() - t0, len(batch.ids), batch.nbytes)
+                on_step(step)
         finally:
             prefetch.close()
     return {**timer.summary(), "samples_read": tally.samples, "ids_labels_sha256": tally.digest,
-            "utilization": util.summary(), "utilization_timeline": util.samples}
+            "utilization": util.summary(), "utilization_timeline": util.samples, "load": load.summary()}
 
 
 def real_cpu_run(src: StoreSource, cfg: MatrixConfig, framework: str, out_dir: Path, device: str = "cpu",
@@ -319,11 +362,12 @@ def real_cpu_run(src: StoreSource, cfg: MatrixConfig, framework: str, out_dir: P
                        shuffle_buffer=2 * cfg.batch_size,
                        storage_options=src.storage_options, progress=False, amp=cfg.amp,
                        image_size=image_size, augment=False)
-    summary = run(tcfg)
+    with LoadMonitor() as load:
+        summary = run(tcfg)
     timeline = [json.loads(line) for line in (out_dir / "utilization.jsonl").read_text().splitlines()]
     return {**{k: summary[k] for k in ("steps", "samples", "wall_s", "data_wait_s", "compute_s", "samples_per_s",
                                        "mb_per_s", "stall_fraction", "au", "compute_step_s")},
-            "utilization": summary["utilization"], "utilization_timeline": timeline}
+            "utilization": summary["utilization"], "utilization_timeline": timeline, "load": load.summary()}
 
 
 # --------------------------------------------------------------------------- the matrix
@@ -343,23 +387,29 @@ class ResultsFile:
         return rec
 
 
-def run_matrix(cfg: MatrixConfig, log: Callable[[str], None] = print) -> list[dict]:
+def run_matrix(cfg: MatrixConfig, log: Callable[[str], None] = print,
+               progress: MatrixProgress | NullProgress = NullProgress()) -> list[dict]:
+    """Measure every cell; ``log`` takes staging messages, ``progress`` shows the cells as they run."""
     planned = check_matrix(cfg)
     register_storage_options(cfg.storage_options)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     results = ResultsFile(out / "results.jsonl")
     with open_backend(planned, log) as backend:
-        _run(cfg, backend, results, environment(), log)
+        _run(cfg, backend, results, environment(), log, progress)
     return results.records
 
 
-def _run(cfg: MatrixConfig, backend: Backend, results: ResultsFile, env: dict, log: Callable[[str], None]) -> None:
+def _run(cfg: MatrixConfig, backend: Backend, results: ResultsFile, env: dict, log: Callable[[str], None],
+         progress: MatrixProgress | NullProgress) -> None:
     out = Path(cfg.out)
     names, staged, failed = stage_stores(cfg, backend, log)
-    compute: dict[tuple[str, str], tuple[float, str]] = {}
+    compute: dict[tuple[str, str], tuple[float, str, float | None]] = {}
     grid = [(node, framework) for node in cfg.nodes for framework in cfg.frameworks]
     ingest: dict[str, dict] = {}
+    if isinstance(progress, MatrixProgress):
+        progress.total_cells = cfg.repeats * len(names) * len(grid)
+    index = 0
 
     def fail(rep: int, store: str, stage: str, error: str) -> None:
         """Every cell of one store fails for one reason."""
@@ -369,40 +419,73 @@ def _run(cfg: MatrixConfig, backend: Backend, results: ResultsFile, env: dict, l
 
     for rep in range(cfg.repeats):
         for store_name in names:
+            first = index + 1
+            index += len(grid)
             if store_name in failed:
                 fail(rep, store_name, "prepare", failed[store_name])
                 continue
             st = staged[store_name]
             ropts = _reader_options(cfg, st.source)
+            progress.cell(first, f"{store_name} x {grid[0][0]} {grid[0][1]}")
+            progress.phase(f"ingest-only {store_name}", cfg.steps)
             try:
-                ingest[store_name] = _logged(log, f"ingest-only {store_name}",
-                                             lambda: ingest_only(st.source, ropts, cfg.steps))
+                ingest[store_name] = ingest_only(st.source, ropts, cfg.steps, progress.step)
             except CELL_ERRORS as exc:
+                progress.end_cell(f"ingest-only failed: {redact(exc)}")
                 fail(rep, store_name, "ingest-only", redact(exc))
                 continue
             flops_step = model_flops(st.shape, cfg.width) * cfg.batch_size
-            for node, framework in grid:
-                name = f"cell {store_name} x {node} {framework}"
-                log(f"{name}: start")
+            for n, (node, framework) in enumerate(grid):
+                if n:
+                    progress.cell(first + n, f"{store_name} x {node} {framework}")
                 cell = {"kind": "cell", "results_version": RESULTS_VERSION, "repeat": rep, "store": store_name,
                         "node": node, "framework": framework, "batch_size": cfg.batch_size, "width": cfg.width,
                         "sample_shape": list(st.shape), "sample_bytes": st.sample_bytes,
                         "image_storage": st.image_storage, "stages": st.stages,
-                        "flops_per_step": flops_step, "storage": backend.describe(st.url),
+                        "flops_per_step": flops_step, "storage": _storage_record(backend, st.url),
                         "connections": connections(cfg, backend), "env": env, "page_cache": "warm after the first read"}
-                t0 = time.perf_counter()
                 try:
                     cell.update(_measure_cell(cfg, node, framework, st, ropts, flops_step, compute,
-                                              out / "cells" / f"{store_name}-{node}-{framework}-{rep}"))
+                                              out / "cells" / f"{store_name}-{node}-{framework}-{rep}", progress))
                     cell["ingest_only"] = ingest[store_name]
+                    cell["checks"] = checks(cell)
                     cell["verdict"] = verdict(cell)
                 except CELL_ERRORS as exc:
                     cell = _error_record(rep, store_name, node, framework, "cell", redact(exc), env)
                 cell = results.add(cell)
-                log(f"{name}: " + (f"{cell['real']['samples_per_s']:.1f} samples/s, stall "
-                                   f"{100 * cell['real']['stall_fraction']:.0f}%" if cell["kind"] == "cell"
-                                   else f"failed: {cell['error']}") + f" ({time.perf_counter() - t0:.1f} s)")
+                progress.end_cell(f"{cell['real']['samples_per_s']:.1f} samples/s, stall "
+                                  f"{100 * cell['real']['stall_fraction']:.0f}%, {cell['verdict']['bottleneck']}"
+                                  if cell["kind"] == "cell" else f"failed: {cell['error']}")
     location_effect(cfg, backend, staged, ingest, results, env, log)
+
+
+def checks(cell: dict) -> list[str]:
+    """What makes a cell's figures less than they seem, in words: contention while it was
+    measured, a real run faster than the reader alone allows, a step that took longer in the
+    run than alone."""
+    notes = []
+    for what, rec in (("ingest-only", cell["ingest_only"]), ("real run", cell["real"])):
+        load = rec.get("load") or {}
+        if load.get("contended"):
+            notes.append(f"{what} measured under contention ({'; '.join(load['reasons'])}): wall rates are low "
+                         "and noisy; the projections use CPU time, which contention distorts far less")
+    i, r = cell["ingest_only"]["samples_per_s"], cell["real"]["samples_per_s"]
+    if i and r and r > 1.1 * i:
+        notes.append(f"the real run ({r:,.0f} samples/s) beat the reader alone ({i:,.0f}): the reader reads ahead "
+                     "during the real run's warm-up step, so its short window starts with full buffers; the "
+                     "projections use the reader's CPU time per sample, not either rate")
+    alone, inside = cell["compute_only"]["step_s"], cell["real"].get("compute_step_s")
+    if cell.get("node_kind") == "real" and inside and not 0.5 <= inside / alone <= 2:
+        notes.append(f"a step took {inside:.3f} s in the run and {alone:.3f} s alone (compute-only): "
+                     "the machine's load changed between the two, or the step shares the CPU with the reader")
+    return notes
+
+
+def _storage_record(backend: Backend, url: str) -> dict:
+    """Where a cell read from, with the latency profile's figures (the model needs them when
+    the report is rebuilt from results.jsonl elsewhere)."""
+    profile = load_object_store(backend.profile) if backend.profile else None
+    return {**backend.describe(url), "profile_figures": asdict(profile) if profile else None}
 
 
 def _logged(log: Callable[[str], None], name: str, measure: Callable[[], dict]) -> dict:
@@ -447,71 +530,91 @@ def _error_record(rep: int, store: str, node: str | None, framework: str | None,
 
 
 def _measure_cell(cfg: MatrixConfig, node: str, framework: str, st: Staged, ropts: ReaderOptions, flops_step: float,
-                  compute: dict, cell_dir: Path) -> dict:
+                  compute: dict, cell_dir: Path, progress: MatrixProgress | NullProgress) -> dict:
     cell_dir.mkdir(parents=True, exist_ok=True)
     key = (node, framework)
     if node in REAL_NODES:
         if key not in compute:
-            seconds = (compute_only_torch(st.shape, cfg.batch_size, cfg.width, 3, node, cfg.amp)
-                       if framework == "torch" else compute_only_tf(st.shape, cfg.batch_size, cfg.width, 3))
-            compute[key] = (seconds, "measured")
+            progress.phase("compute-only", None)
+            seconds, cpu_s = (compute_only_torch(st.shape, cfg.batch_size, cfg.width, 3, node, cfg.amp)
+                              if framework == "torch" else compute_only_tf(st.shape, cfg.batch_size, cfg.width, 3))
+            compute[key] = (seconds, "measured", cpu_s)
+        progress.phase("real run", None)
         real = real_cpu_run(st.source, cfg, framework, cell_dir, node,
                             cfg.resize if st.image_storage == "encoded" else None)
         profile = {"node_kind": "real", "device": node}
     else:
         acc = load_accelerator(node)
         if key not in compute:
-            compute[key] = step_seconds(acc, flops_step, calibration_key(st.shape, cfg.batch_size, cfg.width, cfg.amp),
-                                        cfg.amp)
-        real = emulated_run(st.source, ropts, compute[key][0], cfg.steps, cell_dir)
+            compute[key] = (*step_seconds(acc, flops_step, calibration_key(st.shape, cfg.batch_size, cfg.width,
+                                                                             cfg.amp), cfg.amp), None)
+        progress.phase("real run", cfg.steps)
+        real = emulated_run(st.source, ropts, compute[key][0], cfg.steps, cell_dir, progress.step)
         profile = {"node_kind": "emulated", "accelerator": asdict(acc)}
-    step_s, how = compute[key]
-    return {"compute_only": {"step_s": step_s, "samples_per_s": cfg.batch_size / step_s, "how": how},
+    step_s, how, cpu_s = compute[key]
+    return {"compute_only": {"step_s": step_s, "samples_per_s": cfg.batch_size / step_s, "how": how,
+                             "cpu_s_per_step": cpu_s},
             "real": real, **profile}
 
 
 # --------------------------------------------------------------------------- diagnosis
 
+#: A measured real run below this share of what the model allows is flagged, not explained away.
+BELOW_MODEL = 0.8
+
+
 def verdict(cell: dict) -> dict:
-    """The bottleneck of one cell from its three measurements, with concrete advice."""
-    c = cell["compute_only"]["samples_per_s"]
-    i = cell["ingest_only"]["samples_per_s"] or 0.0
+    """The bottleneck of one cell and concrete advice: the projection model's binding constraint
+    for this machine (``model.project`` of the cell's measured quantities), unless the
+    measurements say otherwise (the node swapped; the real run fell well below what the model
+    allows, i.e. the reader and the step or other processes competed for the CPU)."""
+    proj = project(machine_of(cell), layout_of(cell), loader_of(cell), storage_of(cell), cell["batch_size"])
     real = cell["real"]
     r = real["samples_per_s"] or 0.0
-    util = real.get("utilization", {})
-    cores = cell["env"]["cores"]
-    if util.get("swap_used_mb_mean", 0) > 100:
+    if real.get("utilization", {}).get("swap_used_mb_mean", 0) > 100:
         return {"bottleneck": "ram", "advice": "RAM: the working set exceeds memory and the node swaps; "
                 "pick an instance with more RAM or lower --workers / --shuffle-buffer"}
-    if r >= 0.9 * c:
-        return {"bottleneck": "compute", "advice": f"compute-bound (AU {100 * (real['au'] or 0):.0f}%): the "
-                f"{'accelerator' if cell.get('node_kind') == 'emulated' else 'CPU'} is the limit; storage is not. "
-                "A faster device or more devices help; repacking does not."}
-    if i < 0.9 * c:
+    cores = cell["env"]["cores"]
+    if r < BELOW_MODEL * proj.samples_per_s:
+        load = (real.get("load") or {})
+        others = "; ".join(load.get("reasons") or []) or "nothing else was busy"
+        return {"bottleneck": "contention", "advice": f"the real run reached {r:,.0f} samples/s where its parts "
+                f"allow {proj.samples_per_s:,.0f} ({proj.bottleneck}-bound): the reader and the step compete for "
+                f"{cores} vCPUs ({others}); give the input pipeline its own cores, or rerun on an idle machine"}
+    return _advice(cell, proj)
+
+
+def _advice(cell: dict, proj: Projection) -> dict:
+    limits, b = proj.limits, proj.bottleneck
+    device = limits.get(COMPUTE, 0.0)
+    feed = min((v for k, v in limits.items() if k != COMPUTE), default=float("inf"))
+    what = "accelerator" if cell.get("node_kind") == "emulated" else "CPU" if cell["node"] == "cpu" else "GPU"
+    if b == COMPUTE:
+        feed_text = f"reading alone could deliver {feed:,.0f}" if feed != float("inf") else "reading costs nothing measurable"
+        shared = " with the reader on the same vCPUs" if cell["node"] == "cpu" else ""
+        return {"bottleneck": "compute", "advice": f"compute-bound: the {what} sets the pace{shared} "
+                f"({proj.samples_per_s:,.0f} samples/s; {feed_text}). A faster device or more devices help; "
+                "repacking does not."}
+    if b == DECODE:
         if cell.get("stages"):
-            return image_verdict(cell, c, i)
-        if cell["store"] == "blob":
-            prof = cell["storage"]["profile"]
-            lat = f"{_profile_latency(prof):.0f} ms each, " if prof else ""
-            conn = cell["connections"]
-            in_flight = conn["io_concurrency"] or conn["reader_workers"]
-            more = "allow more requests in flight (io_concurrency)" if conn["io_concurrency"] else "raise --workers"
-            return {"bottleneck": "io-latency", "advice": f"blob GETs: {lat}{in_flight} in flight -> at most "
-                    f"{i:.0f} samples/s for a device that takes {c:.0f}; repack into files of "
-                    f"~128 MB (convert --to delta) or {more}"}
-        need = int(np.ceil(cores * c / max(i, 1e-9)))
-        return {"bottleneck": "ingest", "advice": f"read/decode-bound on {cores} vCPUs: the reader delivers {i:.0f} "
-                f"samples/s, the device takes {c:.0f}; needs ~{need} vCPUs per device, or offload preprocessing "
-                "to CPU workers"}
-    return {"bottleneck": "contention", "advice": f"reader and step compete for {cores} vCPUs: ingest alone "
-            f"({i:.0f} samples/s) and compute alone ({c:.0f}) would keep up, together they reach {r:.0f}; "
-            "give the input pipeline its own cores (more vCPUs per device)"}
-
-
-def _profile_latency(name: str | None) -> float:
-    from .profiles import OBJECT_STORES
-
-    return OBJECT_STORES[name].first_byte_ms if name in OBJECT_STORES else 0.0
+            return image_verdict(cell, device, limits[DECODE])
+        layout = layout_of(cell)
+        need = int(np.ceil(device * layout.cpu_s_per_sample))
+        threads = loader_of(cell).threads
+        return {"bottleneck": "decode", "advice": f"read/decode-bound: {layout.cpu_s_per_sample * 1e3:.2f} ms of CPU "
+                f"per sample on {min(threads, cell['env']['cores'])} thread(s) -> {limits[DECODE]:,.0f} samples/s, "
+                f"the device takes {device:,.0f}; needs ~{need} vCPUs busy reading per device (more --workers on more "
+                "vCPUs), or offload preprocessing to CPU workers"}
+    storage, loader, layout = storage_of(cell), loader_of(cell), layout_of(cell)
+    in_flight = min(loader.concurrency, storage.max_concurrency) if storage else loader.concurrency
+    more = "allow more requests in flight (--io-concurrency)"
+    if b == LATENCY:
+        return {"bottleneck": "io-latency", "advice": f"storage latency: {layout.request_bytes / 1e3:,.0f} KB requests "
+                f"at {storage.first_byte_ms:.0f} ms first byte, {in_flight} in flight -> {limits[LATENCY]:,.0f} "
+                f"samples/s, the device takes {device:,.0f}; repack into files of ~128 MB (convert --to delta) or {more}"}
+    return {"bottleneck": "bandwidth", "advice": f"bandwidth: {in_flight} streams of {storage.stream_mb_per_s:.0f} MB/s "
+            f"-> {limits[b]:,.0f} samples/s of {layout.bytes_per_sample / 1e3:,.0f} KB, the device takes {device:,.0f}; "
+            f"{more}, or store fewer bytes per sample (compression, smaller dtype)"}
 
 
 def load_results(out: str) -> list[dict]:

@@ -19,6 +19,10 @@ class Accelerator:
     source: str
     kind: str = "estimate"  # "estimate" (from FLOPs) or "calibrated" (measured step time)
     step_seconds: dict | None = None  # calibrated: {"<shape>|<batch>|<width>|<amp>": seconds}
+    # The least an estimated step takes, whatever its FLOPs: a training step launches hundreds of
+    # kernels (forward, backward, optimizer) at microseconds each, plus the framework's own
+    # per-step work, which FLOPs / peak does not see (an assumption, stated; calibrate replaces it).
+    step_floor_s: float = 0.004
 
 
 # Peaks are the vendors' datasheet figures (dense). PyTorch runs FP32 convolutions as TF32 on
@@ -84,11 +88,12 @@ def calibration_key(shape, batch: int, width: int, amp: bool) -> str:
 
 def step_seconds(acc: Accelerator, flops_per_step: float, key: str, amp: bool = False) -> tuple[float, str]:
     """Compute time of one training step on ``acc`` and how it was obtained: measured by
-    `calibrate` for this shape, else FLOPs / (peak x efficiency), an estimate."""
+    `calibrate` for this shape, else FLOPs / (peak x efficiency) but at least the per-step
+    floor, an estimate."""
     if acc.step_seconds and key in acc.step_seconds:
         return float(acc.step_seconds[key]), "calibrated"
     peak = acc.amp_tflops if amp else acc.fp32_tflops
-    return flops_per_step / (peak * 1e12 * acc.efficiency), "estimate"
+    return max(acc.step_floor_s, flops_per_step / (peak * 1e12 * acc.efficiency)), "estimate"
 
 
 @dataclass(frozen=True)

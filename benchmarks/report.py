@@ -12,9 +12,17 @@ from markdown_it import MarkdownIt
 from trainfeed.converters.redact import redact
 
 from . import charts as charts_mod
-from .cost import CATALOG, load_catalog, project, recommend
+from .advice import build_advice, plan_for, significant
+from .catalog import CATALOG, load_catalog, load_dbu_rates
+from .cost import Spot, Workload
 from .matrix import load_results
+from .measured import layout_of, loader_of, machine_of, storage_of
+from .model import Loader, project
+from .scenario import Scenario, load_scenario
 from .stages import STAGES
+
+#: Where `storage-bench run --scenario` keeps a copy of the scenario, for `storage-bench report`.
+SCENARIO_COPY = "scenario.toml"
 
 
 def _cells(records):
@@ -53,11 +61,23 @@ def _node_label(cell) -> str:
     return f"{cell['node']} (this machine)"
 
 
-def _hours(samples: int, epochs: int, rate: float | None) -> str:
-    if not rate:
+def fmt_time(seconds: float | None) -> str:
+    """A duration to 2 significant figures: "45 s", "19 min", "1.8 h", "31 h"."""
+    if not seconds:
         return "-"
-    h = samples * epochs / rate / 3600
-    return f"{h * 60:.0f} min" if h < 1 else f"{h:.1f} h"
+    if seconds < 90:
+        return f"{significant(seconds):g} s"
+    if seconds < 90 * 60:
+        return f"{significant(seconds / 60):g} min"
+    return f"{significant(seconds / 3600):g} h"
+
+
+def fmt_usd(value: float | None) -> str:
+    """Dollars to 2 significant figures ("$0.53", "$1.2", "$1,200"), "-" when unknown."""
+    if value is None:
+        return "-"
+    v = significant(value)
+    return f"${v:,.0f}" if v >= 100 else f"${v:g}"
 
 
 def _failed(records, cells):
@@ -75,8 +95,14 @@ def _failure_line(rec: dict) -> str:
                   f"({rec.get('stage', '?')}): {rec['error']}")
 
 
-def build(out: str, *, target_samples: int = 650_000, target_epochs: int = 5, catalog: Path = CATALOG) -> dict:
+def build(out: str, *, target_samples: int = 650_000, target_epochs: int = 5, catalog: Path = CATALOG,
+          baseline: Loader | None = None, scenario: Scenario | None = None) -> dict:
+    """Write results.csv, report.md and report.html from OUT/results.jsonl (and, for a scenario
+    run, OUT/reference.json); ``scenario`` defaults to the copy a scenario run left in OUT."""
     records = load_results(out)
+    outdir = Path(out)
+    if scenario is None and (outdir / SCENARIO_COPY).is_file():
+        scenario = load_scenario(outdir / SCENARIO_COPY)
     cells = _cells(records)
     locations = _locations(records)
     errors = [r for r in records if r["kind"] == "error"]
@@ -85,14 +111,15 @@ def build(out: str, *, target_samples: int = 650_000, target_epochs: int = 5, ca
     nodes = list(dict.fromkeys(k[1] for k in cells))
     frameworks = list(dict.fromkeys(k[2] for k in cells))
     instances, notes = load_catalog(catalog)
-    projections = {s: project(list(cells.values()), instances, s, target_samples=target_samples, epochs=target_epochs)
-                   for s in stores}
-    rec = recommend(projections)
-    outdir = Path(out)
+    advice = None
     _write_csv(outdir / "results.csv", cells.values(), failed.values())
     if cells:
-        md = _markdown(cells, locations, stores, nodes, frameworks, projections, rec, notes, errors, target_samples,
-                       target_epochs)
+        plan = plan_for(list(cells.values()), Workload(target_samples, target_epochs), baseline, scenario)
+        dbu = {r.cloud: r for r in load_dbu_rates() if r.workload == "jobs"}
+        advice = build_advice(list(cells.values()), instances, dbu, plan, stores)
+        md = _markdown(cells, locations, stores, nodes, frameworks, advice, notes, errors)
+        if advice["reference"]:
+            _write_reference(outdir / "reference.json", advice["reference"])
     else:
         md = _markdown_nothing_measured(records, errors)
     (outdir / "report.md").write_text(md)
@@ -100,14 +127,24 @@ def build(out: str, *, target_samples: int = 650_000, target_epochs: int = 5, ca
     return {"report_md": str(outdir / "report.md"), "report_html": str(outdir / "report.html"),
             "results_csv": str(outdir / "results.csv"), "cells": len(cells), "errors": len(errors),
             "failed_cells": len(failed), "first_error": _failure_line(errors[0]) if errors else None,
-            "recommendation": rec}
+            "recommendation": advice and advice["recommendation"],
+            "reference": advice and advice["reference"] and advice["reference"]["rows"]}
+
+
+def _write_reference(path: Path, ref: dict) -> None:
+    """reference.json: every cell the scenario gives a published time for, projected beside it."""
+    import json
+
+    rows = [{"node": r["node"], "store": r["store"], "projected_s": r["projected_s"], "reference_s": r["reference_s"]}
+            for r in ref["rows"]]
+    path.write_text(json.dumps(rows, indent=1) + "\n")
 
 
 CSV_COLUMNS = ["store", "node", "framework", "node_kind", "storage", "storage_profile", "reader_workers",
                "io_concurrency", "compute_only_samples_per_s", "compute_how",
                "ingest_only_samples_per_s", "samples_per_s", "mb_per_s", "stall_fraction", "au",
                "cpu_percent_mean", "rss_mb_max", "image_storage", "read_cpu_ms", "decode_cpu_ms", "augment_cpu_ms",
-               "bottleneck", "advice", "failed_stage", "error"]
+               "reader_cpu_ms_per_sample", "contended", "bottleneck", "advice", "failed_stage", "error"]
 
 
 def _write_csv(path: Path, cells, failed) -> None:
@@ -123,7 +160,8 @@ def _write_csv(path: Path, cells, failed) -> None:
                         c["compute_only"]["how"], c["ingest_only"]["samples_per_s"], c["real"]["samples_per_s"],
                         c["real"]["mb_per_s"], c["real"]["stall_fraction"], c["real"]["au"],
                         u.get("cpu_percent_mean"), u.get("rss_mb_max"), c.get("image_storage") or "",
-                        *_stage_ms(c.get("stages")), c["verdict"]["bottleneck"],
+                        *_stage_ms(c.get("stages")), _ms(c["ingest_only"].get("cpu_s_per_sample")),
+                        any("contention" in n for n in c.get("checks", [])), c["verdict"]["bottleneck"],
                         c["verdict"]["advice"], "", ""])
         for e in failed:
             row = dict.fromkeys(CSV_COLUMNS, "")
@@ -132,14 +170,19 @@ def _write_csv(path: Path, cells, failed) -> None:
             w.writerow(row.values())
 
 
+def _ms(seconds: float | None):
+    return "" if seconds is None else seconds * 1e3
+
+
 def _stage_ms(stages: dict | None) -> list:
     """An image cell's CPU milliseconds per sample of each stage (read, decode, augment)."""
     return [stages[s] * 1e3 for s in STAGES] if stages else ["", "", ""]
 
 
-def _markdown(cells, locations, stores, nodes, frameworks, projections, rec, notes, errors, target, epochs) -> str:
+def _markdown(cells, locations, stores, nodes, frameworks, advice, notes, errors) -> str:
     any_cell = next(iter(cells.values()))
     env = any_cell["env"]
+    plan = advice["plan"]
     same_storage = len({_storage_key(c) for c in cells.values()}) == 1
     lines = ["# Storage A/B report", "",
              f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · machine: {env['cores']} vCPUs, {env['ram_gb']} GB RAM, "
@@ -147,76 +190,170 @@ def _markdown(cells, locations, stores, nodes, frameworks, projections, rec, not
              f"({any_cell['sample_bytes'] / 1e3:.0f} KB) · batch {any_cell['batch_size']} · model ResNet-18 width "
              f"{any_cell['width']} · every store read from: "
              + (f"{_place(any_cell)}; {_budget(any_cell)}" if same_storage else "different storage or budgets (see each cell)"),
-             "", f"## Training time for {target:,} samples x {epochs} epochs", "",
-             "Projected from the rate measured in each cell (real run: the reader feeding the step). "
-             "Emulated nodes compute for the profile's step time (\"estimate\": from FLOPs and the datasheet peak).", ""]
-    for fw in frameworks:
-        lines += [f"**{fw}**", "", "| node | " + " | ".join(stores) + " | layout effect: compacted vs blob |",
-                  "|---|" + "---|" * (len(stores) + 1)]
-        for node in nodes:
-            row, rates, row_cells = [], {}, []
-            label = None
-            for s in stores:
-                c = cells.get((s, node, fw))
-                if c is None:
-                    row.append("-")
-                    continue
-                label = label or _node_label(c)
-                row_cells.append(c)
-                rates[s] = c["real"]["samples_per_s"]
-                row.append(f"{_hours(target, epochs, rates[s])} ({rates[s]:,.0f}/s)")
-            best = max((rates[s] for s in rates if s != "blob"), default=None)
-            ratio = f"{best / rates['blob']:.1f}x faster" if best and rates.get("blob") else "-"
-            if ratio != "-" and len({_storage_key(c) for c in row_cells}) > 1:
-                ratio += " (mixes location and layout)"
-            lines.append(f"| {label or node} | " + " | ".join(row) + f" | {ratio} |")
-        lines.append("")
+             ""]
+    contended = [c for c in cells.values() if any("contention" in n for n in c.get("checks", []))]
+    if contended:
+        lines += [f"> **Measured under contention**: {len(contended)} of {len(cells)} cells ran while other processes "
+                  "or the hypervisor took CPU (see each cell's notes). Wall-clock rates of those cells are low and "
+                  "noisy; the projections use CPU time per sample, which contention distorts far less. Rerun on an "
+                  "idle machine to confirm.", ""]
+    if plan.scenario is not None:
+        lines += _reference_section(advice)
+    lines += _headline(advice)
     lines += _effects(cells, locations, same_storage)
-    lines += ["## Why: each cell", "",
-              "| store | node | fw | compute-only /s | ingest-only /s | real /s | MB/s | stall | AU | CPU % | bottleneck | advice |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for (s, n, fw), c in sorted(cells.items(), key=lambda kv: (nodes.index(kv[0][1]), stores.index(kv[0][0]))):
-        r, u = c["real"], c["real"].get("utilization", {})
-        lines.append(f"| {s} | {n} | {fw} | {c['compute_only']['samples_per_s']:,.0f} ({c['compute_only']['how']}) | "
-                     f"{c['ingest_only']['samples_per_s']:,.0f} | {r['samples_per_s']:,.0f} | {r['mb_per_s']:,.1f} | "
-                     f"{100 * r['stall_fraction']:.0f}% | {100 * r['au']:.0f}% | {u.get('cpu_percent_mean', '-')} | "
-                     f"{c['verdict']['bottleneck']} | {c['verdict']['advice']} |")
-    lines += ["", "## What it costs", ""]
-    for s, rows in projections.items():
-        if not rows:
-            continue
-        lines += [f"**{s}** — normalized as in the reference post: fastest = 1.0, cheapest = 1.0", "",
-                  "| instance | vCPUs | GPUs | rate /s | time | on-demand $ | spot $ | time vs fastest | cost vs cheapest | constraint |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in rows:
-            od = f"{r['on_demand_usd']:,.2f}" if r["on_demand_usd"] else "no price"
-            sp = f"{r['spot_usd']:,.2f}" if r["spot_usd"] else "-"
-            tv = f"{r['time_vs_fastest']:.1f}"
-            cv = f"{r['cost_vs_cheapest']:.1f}" if r["cost_vs_cheapest"] else "-"
-            note = f"; {r['ram_note']}" if r.get("ram_note") else ""
-            lines.append(f"| {r['cloud']} {r['instance']} | {r['vcpus']} | {r['gpus']} {r['gpu_model']} | "
-                         f"{r['samples_per_s']:,.0f} | {r['hours']:.1f} h | {od} | {sp} | {tv} | {cv} | {r['constraint']}{note} |")
-        lines.append("")
-    if rec:
-        ch, fa = rec["cheapest"], rec["fastest"]
-        lines += ["## Recommendation", "",
-                  f"- **Cheapest**: {ch['store']} on {ch['cloud']} {ch['instance']}: {ch['hours']:.1f} h, "
-                  f"${ch['on_demand_usd']:,.2f} on demand. Limit: {ch['constraint']}.",
-                  f"- **Fastest**: {fa['store']} on {fa['cloud']} {fa['instance']}: {fa['hours']:.1f} h. "
-                  f"Limit: {fa['constraint']}.", ""]
-    lines += ["## How the projections were made", "",
-              "- Measured cells: the real reader and, on this machine's CPU, the real model; on emulated nodes the "
-              "step sleeps for the accelerator profile's step time, so data wait is measured, compute is modelled.",
-              "- GPU instances: min(GPU compute rate from the profile x GPUs, this store's ingest-only rate x instance "
-              "vCPUs / local vCPUs), i.e. reader workers (blob: concurrent GETs) scaled with vCPUs as measured here "
-              "per vCPU. CPU instances: the CPU-node rate x vCPUs / local vCPUs. Linear vCPU scaling is an "
-              "assumption; `storage-bench calibrate` on the real instance replaces estimates with measurements.",
-              "- Prices: the catalog (benchmarks/instances.csv) with each price's date and source; rows without a "
-              "price get a time but no cost.", ""]
-    if notes:
-        lines += ["Catalog notes:", ""] + [f"- {n}" for n in notes] + [""]
+    lines += _cells_section(cells, nodes, stores)
+    lines += _costs_section(advice)
+    lines += _recommendation(advice)
+    lines += _method(advice, notes)
     lines += _failures_section(errors)
     return "\n".join(lines) + "\n"
+
+
+def _deviation(d: float | None) -> str:
+    return "-" if d is None else f"{d:+.0%}"
+
+
+def _reference_section(advice) -> list[str]:
+    ref, sc = advice["reference"], advice["plan"].scenario
+    lines = [f"## Reference case: {sc.name}", "",
+             f"Scenario `{sc.path}`. Published times beside this run's projections for the same workload "
+             f"({sc.workload.total:,} samples, batch {sc.batch_size}); the model is the one every table below uses.", "",
+             "| node | store, loader | projected | published | deviation | bottleneck |", "|---|---|---|---|---|---|"]
+    for r in ref["rows"]:
+        lines.append(f"| {r['node']} | {r['store']}, {sc.loader_for(r['store']).name} | {fmt_time(r['projected_s'])} | "
+                     f"{fmt_time(r['reference_s'])} | {_deviation(r['deviation'])} | {r['bottleneck'] or '-'} |")
+    lines += ["", "| node | speed-up published | projected | deviation |", "|---|---|---|---|"]
+    for s in ref["speedups"]:
+        lines.append(f"| {s['node']} | {s['published']:.2g}x | {s['projected']:.2g}x | {_deviation(s['deviation'])} |")
+    verdict = ("every figure within 25% of the paper" if ref["within_25pct"] else
+               "not every figure is within 25% of the paper: see below which knob decides each")
+    lines += ["", f"**{verdict}.**", ""]
+    for x in ref["cross_checks"]:
+        what = "CPU-seconds per step" if x["device"] == "cpu" else "seconds per step"
+        lines.append(f"- **{x['node']}**: its compacted run is compute-bound, so its published time implies the "
+                     f"device: {x['implied_step_s']:.3g} {what} where this projection used {x['step_s']:.3g} "
+                     f"({x['device']}, {x['device_how']}), {x['slower']:.2g}x slower. With that device the small "
+                     f"files project to {fmt_time(x['blob_projected_s'])} against {fmt_time(x['blob_reference_s'])} "
+                     f"published ({_deviation(x['blob_deviation'])}): the storage and loader side of the model holds; "
+                     "the device's speed is the knob (`storage-bench calibrate` on the real node measures it).")
+    lines += ["", "Knobs and their sources:", ""]
+    lines += [f"- {k}: {v}" for k, v in ref["sources"].items()]
+    lines += ["- accelerator step time: " + "; ".join(sorted({f"{r['device']} {r['device_how']}"
+                                                          for h in advice["headline"] for r in h["rows"]})), ""]
+    return lines
+
+
+def _headline(advice) -> list[str]:
+    plan = advice["plan"]
+    w = plan.workload
+    lines = [f"## Training time for {w.samples:,} samples x {w.epochs} epochs", "",
+             "Projected by one model from the quantities measured here (see \"How the projections were made\"); "
+             "the bottleneck is the resource that binds. The fastest option on each node is in bold.", ""]
+    opts = [o.label for o in advice["options"]]
+    lines += ["| node | " + " | ".join(opts) + " |", "|---|" + "---|" * len(opts)]
+    for h in advice["headline"]:
+        rows = {r["option"]: r for r in h["rows"]}
+        cells = []
+        for o in opts:
+            r = rows.get(o)
+            text = f"{fmt_time(r['seconds'])} ({r['samples_per_s']:,.3g}/s, {r['bottleneck']})" if r else "-"
+            cells.append(f"**{text}**" if r and r.get("fastest") else text)
+        label = h["node"] + (f" ({h['instance']})" if h.get("instance") else f": {h['rows'][0]['machine']}")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for g in filter(None, advice["gains"]):
+        text = (f"- **{g['node']}**: repacking ({g['repacked']}) is **{g['repack_gain']:.2g}x** faster than "
+                f"{g['today']} ({fmt_time(g['repacked_s'])} vs {fmt_time(g['today_s'])})")
+        if g["better_loading"]:
+            text += f"; better loading alone ({g['better_loading']}) would be {g['better_loading_gain']:.2g}x"
+        lines.append(text + ".")
+    return lines + [""]
+
+
+def _cells_section(cells, nodes, stores) -> list[str]:
+    lines = ["## Why: each cell", "",
+             "Measured here: compute-only, ingest-only and the real run (samples/s, wall clock); the reader's CPU "
+             "per sample (process CPU time); what the model allows this machine; the verdict from the model's "
+             "binding constraint.", "",
+             "| store | node | fw | compute-only /s | ingest-only /s | real /s | read CPU ms/sample | model /s | stall "
+             "| bottleneck | advice | notes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (s, n, fw), c in sorted(cells.items(), key=lambda kv: (nodes.index(kv[0][1]), stores.index(kv[0][0]))):
+        proj = project(machine_of(c), layout_of(c), loader_of(c), storage_of(c), c["batch_size"])
+        r = c["real"]
+        cpu = c["ingest_only"].get("cpu_s_per_sample")
+        notes = "; ".join(c.get("checks", [])).replace("|", "\\|") or "-"
+        lines.append(f"| {s} | {n} | {fw} | {c['compute_only']['samples_per_s']:,.0f} ({c['compute_only']['how']}) | "
+                     f"{c['ingest_only']['samples_per_s'] or 0:,.0f} | {r['samples_per_s']:,.0f} | "
+                     f"{'-' if cpu is None else f'{cpu * 1e3:.2f}'} | {proj.samples_per_s:,.0f} | "
+                     f"{100 * r['stall_fraction']:.0f}% | {c['verdict']['bottleneck']} | {c['verdict']['advice']} | "
+                     f"{notes} |")
+    return lines + [""]
+
+
+def _costs_section(advice) -> list[str]:
+    lines = ["## What it costs", "",
+             "Per instance of the catalog, the same model. $/h is the instance's price per hour (plus Databricks "
+             "DBUs where the catalog has them); per job is the whole workload. **Bold**: the fastest and the "
+             "cheapest. Spot per job includes restarts after preemption (see below).", ""]
+    for label, rows in advice["projections"].items():
+        if not rows:
+            continue
+        lines += [f"**{label}**", "",
+                  "| instance | vCPUs | GPUs | samples/s | time | $/h | $ per job | spot $ per job | $ per 1k samples "
+                  "| time vs fastest | cost vs cheapest | bottleneck | price date |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            name = f"{r['cloud']} {r['machine']}"
+            marks = [m for m in ("fastest", "cheapest") if r.get(m)]
+            if marks:
+                name = f"**{name}** ({', '.join(marks)})"
+            gpus = f"{r['gpus']} {r['device']}" if r["gpus"] else "-"
+            cv = f"{r['cost_vs_cheapest']:.2g}" if r["cost_vs_cheapest"] else "-"
+            lines.append(f"| {name} | {r['vcpus']} | {gpus} | {r['samples_per_s']:,.3g} | {fmt_time(r['seconds'])} | "
+                         f"{fmt_usd(r['usd_per_hour'])} | {fmt_usd(r['usd_per_job'])} | {fmt_usd(r['spot_usd_per_job'])} | "
+                         f"{fmt_usd(r['usd_per_1k_samples'])} | {r['time_vs_fastest']:.2g} | {cv} | {r['bottleneck']} | "
+                         f"{r.get('price_date') or '-'} |")
+        lines.append("")
+    return lines
+
+
+def _recommendation(advice) -> list[str]:
+    rec = advice["recommendation"]
+    if not rec:
+        return []
+    ch, fa = rec["cheapest"], rec["fastest"]
+    return ["## Recommendation", "",
+            f"- **Cheapest**: {ch['option']} on {ch['cloud']} {ch['machine']}: {fmt_time(ch['seconds'])}, "
+            f"{fmt_usd(ch['usd_per_job'])} per job on demand ({fmt_usd(ch['usd_per_hour'])}/h). Bound by "
+            f"{ch['bottleneck']}.",
+            f"- **Fastest**: {fa['option']} on {fa['cloud']} {fa['machine']}: {fmt_time(fa['seconds'])}, "
+            f"{fmt_usd(fa['usd_per_job'])} per job. Bound by {fa['bottleneck']}.", ""]
+
+
+def _method(advice, notes) -> list[str]:
+    plan = advice["plan"]
+    storage = plan.storage
+    lines = ["## How the projections were made", "",
+             "- One model for every table (trainfeed.benchmarks.model): each resource sustains a rate of its own — "
+             "the device (GPUs x batch / step time; on a CPU node the step's CPU-seconds over the vCPUs, shared with "
+             "the reader), the reader's CPU (CPU-seconds per sample measured here as process CPU time, over "
+             "min(reader threads, vCPUs)), the storage (requests in flight x bytes per request / request time), the "
+             "network. With prefetch the job runs at the smallest rate; without, reading and compute add up.",
+             "- Request concurrency is the loader's own, never scaled with vCPUs: "
+             + "; ".join(o.loader.describe() for o in advice["options"]) + ".",
+             f"- Storage: {storage.name}: {storage.first_byte_ms:g} ms first byte, {storage.stream_mb_per_s:g} MB/s "
+             f"per stream, at most {storage.max_concurrency} in flight ({storage.source})." if storage else
+             "- Storage: local disk as it is (no request cost modelled).",
+             "- Step times: \"calibrated\" where `storage-bench calibrate` measured the device, \"measured\" on this "
+             "machine, else \"estimate\": training FLOPs / (datasheet peak x efficiency), at least the profile's "
+             "per-step floor.",
+             "- Prices: benchmarks/instances.csv and dbu_rates.csv, each row with its date and source "
+             "(`storage-bench prices`); $/h is per instance-hour. Spot: " + Spot().source + "; trainfeed checkpoints "
+             "on SIGTERM and resumes with --resume, so an interruption costs the restart, not the work.", ""]
+    if notes:
+        lines += ["Catalog notes:", ""] + [f"- {n}" for n in notes] + [""]
+    return lines
 
 
 def _effects(cells, locations, same_storage: bool) -> list[str]:

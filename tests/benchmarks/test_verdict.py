@@ -1,5 +1,7 @@
-"""Every branch of `matrix.verdict`, one recorded cell each, at and beside its thresholds:
-a changed threshold, branch order or advice fails a row."""
+"""Every branch of `matrix.verdict`, one recorded cell each, every figure worked out by hand from
+the projection model: a changed model, threshold, branch order or advice fails a row.
+
+Defaults of a recorded cell: batch 10, 4 vCPUs, 4 reader threads, 8 requests in flight."""
 from __future__ import annotations
 
 import pytest
@@ -9,36 +11,63 @@ from trainfeed.benchmarks.matrix import verdict
 from .recorded import cell
 
 COMPUTE_ADVICE = "A faster device or more devices help; repacking does not."
+STAGES = {"read": 0.0001, "decode": 0.004, "augment": 0.001, "samples": 64, "pixel_bytes_per_sample": 12288,
+          "stored_bytes_per_sample": 3000}
 ROWS = [
     # id, the cell, expected bottleneck, expected advice
-    ("swapping", cell(compute=100, ingest=500, real=100, swap_mb=100.5), "ram",
+    ("swapping", cell(compute=100, real=100, swap_mb=100.5), "ram",
      "RAM: the working set exceeds memory and the node swaps; pick an instance with more RAM or lower --workers / "
      "--shuffle-buffer"),
-    ("swap of 100 MB is not swapping", cell(compute=100, ingest=500, real=100, stall=0.25, swap_mb=100), "compute",
-     f"compute-bound (AU 75%): the accelerator is the limit; storage is not. {COMPUTE_ADVICE}"),
-    ("real at 90% of compute, emulated", cell(compute=100, ingest=10, real=90, stall=0.5), "compute",
-     f"compute-bound (AU 50%): the accelerator is the limit; storage is not. {COMPUTE_ADVICE}"),
-    ("real at 90% of compute, real CPU", cell(node="cpu", node_kind="real", compute=100, ingest=10, real=90),
-     "compute", f"compute-bound (AU 100%): the CPU is the limit; storage is not. {COMPUTE_ADVICE}"),
-    ("blob under a latency profile", cell("blob", compute=1000, ingest=100, real=100, workers=4, io_concurrency=16,
-                                          profile="azure-blob"), "io-latency",
-     "blob GETs: 20 ms each, 16 in flight -> at most 100 samples/s for a device that takes 1000; repack into files "
-     "of ~128 MB (convert --to delta) or allow more requests in flight (io_concurrency)"),
-    ("blob as it is", cell("blob", compute=1000, ingest=100, real=100, workers=8, io_concurrency=None), "io-latency",
-     "blob GETs: 8 in flight -> at most 100 samples/s for a device that takes 1000; repack into files of ~128 MB "
-     "(convert --to delta) or raise --workers"),
-    ("ingest below 90% of compute", cell(compute=1000, ingest=300, real=299, cores=4), "ingest",
-     "read/decode-bound on 4 vCPUs: the reader delivers 300 samples/s, the device takes 1000; needs ~14 vCPUs per "
-     "device, or offload preprocessing to CPU workers"),
-    ("no ingest rate recorded", cell(compute=100, ingest=None, real=1, cores=2), "ingest",
-     "read/decode-bound on 2 vCPUs: the reader delivers 0 samples/s, the device takes 100; needs ~200000000000 "
-     "vCPUs per device, or offload preprocessing to CPU workers"),
-    ("ingest at 90%, real below", cell(compute=100, ingest=90, real=50, cores=4), "contention",
-     "reader and step compete for 4 vCPUs: ingest alone (90 samples/s) and compute alone (100) would keep up, "
-     "together they reach 50; give the input pipeline its own cores (more vCPUs per device)"),
-    ("real just under 90%", cell(compute=100, ingest=100, real=89.9, cores=8), "contention",
-     "reader and step compete for 8 vCPUs: ingest alone (100 samples/s) and compute alone (100) would keep up, "
-     "together they reach 90; give the input pipeline its own cores (more vCPUs per device)"),
+    # device 100/s; reader 4 threads / 1 ms = 4,000/s; no storage cost
+    ("compute, emulated", cell(compute=100, cpu_ms=1, real=100, stall=0.02), "compute",
+     f"compute-bound: the accelerator sets the pace (100 samples/s; reading alone could deliver 4,000). "
+     f"{COMPUTE_ADVICE}"),
+    # CPU node: step 0.4 CPU-s / 10 = 0.04 s, reader 0.02 s, on 4 vCPUs together 0.015 s a sample: 66.7/s;
+    # the step's share (0.01 s) outweighs the reader's (0.005 s); the reader alone 4 / 0.02 = 200/s
+    ("compute, CPU node shares its vCPUs", cell(node="cpu", node_kind="real", compute=25, cpu_step_s=0.4, cpu_ms=20,
+                                                real=60), "compute",
+     f"compute-bound: the CPU sets the pace with the reader on the same vCPUs (67 samples/s; reading alone could "
+     f"deliver 200). {COMPUTE_ADVICE}"),
+    # reader 4 threads / 10 ms = 400/s < device 1,000/s; ~ceil(1,000 x 0.01) = 10 vCPUs reading
+    ("decode", cell(compute=1000, cpu_ms=10, real=390), "decode",
+     "read/decode-bound: 10.00 ms of CPU per sample on 4 thread(s) -> 400 samples/s, the device takes 1,000; needs "
+     "~10 vCPUs busy reading per device (more --workers on more vCPUs), or offload preprocessing to CPU workers"),
+    # 4 threads capped by 2 vCPUs: 2 / 10 ms = 200/s
+    ("decode, threads capped by vCPUs", cell(compute=1000, cpu_ms=10, real=199, cores=2), "decode",
+     "read/decode-bound: 10.00 ms of CPU per sample on 2 thread(s) -> 200 samples/s, the device takes 1,000; needs "
+     "~10 vCPUs busy reading per device (more --workers on more vCPUs), or offload preprocessing to CPU workers"),
+    # images: the same decode limit, broken down by stage (stages.image_verdict)
+    ("decode, images", cell(compute=1000, cpu_ms=10, real=390, stages=STAGES), "decode",
+     "decode-bound: 4.000 ms CPU per image to decode and resize (CPU per sample: read 0.100 ms, decode+resize "
+     "4.000 ms, augment 1.000 ms); the device takes 1,000 images/s and needs ~6 vCPUs at this rate; store decoded "
+     "pixels (4.1x the bytes) or add CPUs"),
+    # azure-blob: 4 KB GETs take 20 ms + 4,000 B / 60 MB/s = 20.067 ms, 8 in flight: 398.7/s
+    ("io-latency, small files", cell("blob", compute=1000, real=398, profile="azure-blob"), "io-latency",
+     "storage latency: 4 KB requests at 20 ms first byte, 8 in flight -> 399 samples/s, the device takes 1,000; "
+     "repack into files of ~128 MB (convert --to delta) or allow more requests in flight (--io-concurrency)"),
+    # 8 MB parts (80 MB in 10 GETs for 80 samples: 1 MB a sample): 20 ms + 133.3 ms = 153.3 ms a part, an eighth
+    # of a part a sample, 8 in flight: 2.396 ms a sample, 417/s; latency (20 ms) is under half a request
+    ("bandwidth, row groups", cell(compute=1000, real=410, profile="azure-blob", sample_bytes=10**6,
+                                   requests={"gets": 10, "bytes": 80 * 10**6}, timed_samples=80), "bandwidth",
+     "bandwidth: 8 streams of 60 MB/s -> 417 samples/s of 1,000 KB, the device takes 1,000; allow more requests in "
+     "flight (--io-concurrency), or store fewer bytes per sample (compression, smaller dtype)"),
+    # concurrency is the reader's: 16 in flight halve the latency cost: 797/s
+    ("io-latency, more in flight", cell("blob", compute=1000, real=790, profile="azure-blob", io_concurrency=16),
+     "io-latency", "storage latency: 4 KB requests at 20 ms first byte, 16 in flight -> 797 samples/s, the device "
+     "takes 1,000; repack into files of ~128 MB (convert --to delta) or allow more requests in flight "
+     "(--io-concurrency)"),
+    # the model allows 100/s (compute); 79 is under 80% of it
+    ("contention from other processes", cell(compute=100, cpu_ms=1, real=79,
+                                             contended=["other processes used 61% of the machine's CPU time"]),
+     "contention", "the real run reached 79 samples/s where its parts allow 100 (compute-bound): the reader and the "
+     "step compete for 4 vCPUs (other processes used 61% of the machine's CPU time); give the input pipeline its own "
+     "cores, or rerun on an idle machine"),
+    ("contention within the run", cell(compute=100, cpu_ms=1, real=79), "contention",
+     "the real run reached 79 samples/s where its parts allow 100 (compute-bound): the reader and the step compete "
+     "for 4 vCPUs (nothing else was busy); give the input pipeline its own cores, or rerun on an idle machine"),
+    ("80% of the model is not contention", cell(compute=100, cpu_ms=1, real=80), "compute",
+     f"compute-bound: the accelerator sets the pace (100 samples/s; reading alone could deliver 4,000). "
+     f"{COMPUTE_ADVICE}"),
 ]
 
 
@@ -48,4 +77,10 @@ def test_verdict(recorded, bottleneck, advice):
 
 
 def test_every_bottleneck_has_a_row():
-    assert {r[2] for r in ROWS} == {"ram", "compute", "io-latency", "ingest", "contention"}
+    assert {r[2] for r in ROWS} == {"ram", "compute", "decode", "io-latency", "bandwidth", "contention"}
+
+
+def test_a_stalled_cell_is_never_called_compute_bound():
+    """64% stall measured: the verdict follows the numbers (the reader binds), never "compute-bound"."""
+    stalled = cell("blob", compute=1000, real=360, stall=0.64, profile="azure-blob")
+    assert verdict(stalled)["bottleneck"] == "io-latency"
