@@ -1,4 +1,4 @@
-"""Instance catalog, and time / cost projections of the user's full workload per instance.
+"""Time / cost projections of the user's full workload per instance.
 
 How a projection is made (also printed in the report):
 - GPU instance: compute rate = batch / step time of its GPU profile (calibrated if measured,
@@ -10,68 +10,14 @@ Linear scaling in vCPUs is an assumption; calibrate on the real instance to repl
 """
 from __future__ import annotations
 
-import csv
 import math
-from dataclasses import dataclass
-from pathlib import Path
 
-from trainfeed.converters.errors import TrainfeedError
-
+from .catalog import CATALOG, Instance, load_catalog
 from .profiles import ACCELERATORS, calibration_key, step_seconds
 
-CATALOG = Path(__file__).with_name("instances.csv")
-COLUMNS = ("cloud", "region", "instance", "vcpus", "ram_gib", "gpus", "gpu_model", "gpu_mem_gib",
-           "on_demand_usd_per_h", "spot_usd_per_h", "price_date", "source")
+__all__ = ["CATALOG", "GPU_PROFILES", "Instance", "load_catalog", "project", "recommend"]
 GPU_PROFILES = {"NVIDIA T4": "t4", "NVIDIA V100": "v100", "NVIDIA A10G": "a10g", "NVIDIA A100": "a100",
                 "NVIDIA H100": "h100"}
-
-
-@dataclass
-class Instance:
-    cloud: str
-    name: str
-    vcpus: int
-    ram_gib: float
-    gpus: int
-    gpu_model: str
-    on_demand: float | None
-    spot: float | None
-    price_date: str
-    source: str
-
-
-def _number(value: str, kind, path: Path, line: int, column: str):
-    if value.strip() == "":
-        return None
-    try:
-        return kind(value)
-    except ValueError:
-        raise TrainfeedError(f"{path}, line {line}: column {column!r} must be a number, got {value!r}") from None
-
-
-def load_catalog(path: Path = CATALOG) -> tuple[list[Instance], list[str]]:
-    """Instances, and notes about rows that cannot be priced (kept out of cost projections)."""
-    path = Path(path)
-    try:
-        rows = list(csv.DictReader(path.open()))
-    except FileNotFoundError:
-        raise TrainfeedError(f"{path}: instance catalog not found") from None
-    if not rows or set(COLUMNS) - set(rows[0]):
-        raise TrainfeedError(f"{path}: catalog needs the columns {', '.join(COLUMNS)}")
-    out, notes = [], []
-    for line, r in enumerate(rows, 2):
-        vcpus = _number(r["vcpus"], int, path, line, "vcpus")
-        if not r["instance"] or vcpus is None:
-            raise TrainfeedError(f"{path}, line {line}: 'instance' and 'vcpus' are required")
-        inst = Instance(r["cloud"], r["instance"], vcpus, _number(r["ram_gib"], float, path, line, "ram_gib") or 0.0,
-                        _number(r["gpus"], int, path, line, "gpus") or 0, r["gpu_model"],
-                        _number(r["on_demand_usd_per_h"], float, path, line, "on_demand_usd_per_h"),
-                        _number(r["spot_usd_per_h"], float, path, line, "spot_usd_per_h"), r["price_date"], r["source"])
-        if inst.on_demand is None:
-            notes.append(f"{path.name}, line {line} ({inst.cloud} {inst.name}): no on-demand price; "
-                         "time projected, cost not")
-        out.append(inst)
-    return out, notes
 
 
 def project(cells: list[dict], catalog: list[Instance], store: str, *, target_samples: int, epochs: int) -> list[dict]:
@@ -89,8 +35,8 @@ def project(cells: list[dict], catalog: list[Instance], store: str, *, target_sa
     out = []
     for inst in catalog:
         scale = inst.vcpus / local_cores
-        row = {"cloud": inst.cloud, "instance": inst.name, "vcpus": inst.vcpus, "gpus": inst.gpus,
-               "gpu_model": inst.gpu_model, "ram_gib": inst.ram_gib, "store": store}
+        row = {"cloud": inst.cloud, "region": inst.region, "instance": inst.name, "vcpus": inst.vcpus,
+               "gpus": inst.gpus, "gpu_model": inst.gpu_model, "ram_gib": inst.ram_gib, "store": store}
         if inst.gpus:
             profile = GPU_PROFILES.get(inst.gpu_model)
             if profile is None:
