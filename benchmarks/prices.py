@@ -94,11 +94,11 @@ def aws_prices(offer: dict, names: set[str]) -> dict[str, float]:
 
 
 def refresh(instances: list[Instance], *, azure_region: str, aws_region: str, azure_url: str = AZURE_API,
-            aws_url: str = AWS_PRICING, today: str | None = None, progress: Echo = lambda m: None) -> list[Instance]:
+            aws_url: str = AWS_PRICING, progress: Echo = lambda m: None) -> list[Instance]:
     """The catalog with its Azure and AWS rows re-priced from the providers' APIs (date = today,
     source = the API). Rows of other clouds, and rows the API has no price for, are kept as they
     were. Every price is fetched before any row changes: a failure changes nothing."""
-    today = today or datetime.date.today().isoformat()
+    today = datetime.date.today().isoformat()
     out = list(instances)
     for i, inst in enumerate(instances):
         if inst.cloud != "azure":
