@@ -299,6 +299,30 @@ def probe(
         typer.echo(redact_json(asdict(profile)) if as_json else redact(summary(profile)))
 
 
+@app.command(help="Print the instance catalog: prices in USD per hour (Linux, on demand and spot) with the date and "
+                  "source of each, and the Databricks DBU rates. --refresh fetches current prices from the Azure Retail "
+                  "Prices API and the AWS price list (AmazonEC2 offer file) and writes the updated catalog to --out; "
+                  "without --out it prints what would change and writes nothing. Progress on stderr.")
+def prices(
+    catalog: Path = typer.Option(CATALOG, "--catalog", help="Instance catalog CSV."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    refresh: bool = typer.Option(False, "--refresh", help="Re-price the Azure and AWS rows from the providers' APIs."),
+    region: str = typer.Option("eastus", "--region", help="Azure region (armRegionName) for --refresh."),
+    aws_region: str = typer.Option("us-east-1", "--aws-region", help="AWS region for --refresh."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the refreshed catalog here (never the shipped one)."),
+    azure_url: Optional[str] = typer.Option(None, "--azure-url", help="Azure Retail Prices API endpoint "
+                                            "(default: https://prices.azure.com/api/retail/prices)."),
+    aws_url: Optional[str] = typer.Option(None, "--aws-url", help="AWS price list base URL "
+                                          "(default: https://pricing.us-east-1.amazonaws.com)."),
+) -> None:
+    from .prices import run as run_prices
+
+    with exit_codes():
+        run_prices(catalog=catalog, as_json=as_json, do_refresh=refresh, azure_region=region, aws_region=aws_region,
+                   out=out, azure_url=azure_url, aws_url=aws_url, echo=typer.echo,
+                   progress=lambda m: typer.echo(m, err=True))
+
+
 def main() -> None:
     app(prog_name="storage-bench")
 

@@ -20,7 +20,9 @@ MEASURED = [cell("parquet", "cpu", node_kind="real", compute=12, ingest=80, real
 
 
 def inst(name, vcpus, gpus=0, gpu_model="", on_demand=None, spot=None, ram_gib=0.0):
-    return Instance("aws", name, vcpus, ram_gib, gpus, gpu_model, on_demand, spot, "2026-01-01", "test")
+    return Instance(cloud="aws", region="us-east-1", name=name, vcpus=vcpus, ram_gib=ram_gib, gpus=gpus,
+                    gpu_model=gpu_model, gpu_mem_gib=None, network_gbps=None, on_demand=on_demand, spot=spot,
+                    price_date="2026-01-01", source="test")
 
 
 CATALOG = [

@@ -201,7 +201,7 @@ def test_results_from_an_older_version(tmp_path):
 
 
 def test_catalog_row_problems(tmp_path):
-    from trainfeed.benchmarks.cost import load_catalog
+    from trainfeed.benchmarks.catalog import load_catalog
     from trainfeed.converters.errors import TrainfeedError
 
     header = "cloud,region,instance,vcpus,ram_gib,gpus,gpu_model,gpu_mem_gib,on_demand_usd_per_h,spot_usd_per_h,price_date,source\n"
