@@ -80,7 +80,9 @@ def node_machine(cells: list[dict], node: str) -> Machine | None:
     else:
         co = mine[0]["compute_only"]
         device = Device(node, 1, statistics.median(c["compute_only"]["step_s"] for c in mine), co["how"])
-    return Machine(f"this machine ({cores} vCPUs)" + ("" if node == "cpu" else f" + {node}"), cores, device)
+    name = (f"cpu: this machine ({cores} vCPUs)" if node == "cpu"
+            else f"{node} ({device.how}) on this machine ({cores} vCPUs)")
+    return Machine(name, cores, device)
 
 
 def build_advice(cells: list[dict], catalog: list[Instance], dbu: dict[str, DbuRate], plan: Plan,
@@ -93,10 +95,11 @@ def build_advice(cells: list[dict], catalog: list[Instance], dbu: dict[str, DbuR
     if plan.scenario is None:
         for node in dict.fromkeys(c["node"] for c in cells if c["kind"] == "cell"):
             machine = node_machine(cells, node)
-            if machine is not None:
+            measured = {c["store"] for c in cells if c["kind"] == "cell" and c["node"] == node}
+            if machine is not None:  # a store whose cell on this node failed is not projected onto it
                 headline.append({"node": node, "rows": [
                     projection_row(machine, store_layout(cells, o.store), o.loader, plan.storage, batch, plan.workload)
-                    | {"option": o.label} for o in opts]})
+                    | {"option": o.label} for o in opts if o.store in measured]})
     else:
         by_name = {i.name: i for i in catalog}
         for n in plan.scenario.nodes:

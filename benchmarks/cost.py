@@ -13,7 +13,7 @@ import statistics
 from dataclasses import dataclass, replace
 
 from .catalog import DbuRate, Instance, hourly_cost
-from .measured import layout_of
+from .measured import device_of, layout_of
 from .model import Device, Layout, Loader, Machine, Projection, project
 from .profiles import ACCELERATORS, Accelerator, ObjectStore, calibration_key, step_seconds
 
@@ -70,11 +70,12 @@ def gpu_device(model: str, count: int, cell: dict, accelerators: dict[str, Accel
 
 
 def cpu_device(cells: list[dict]) -> Device | None:
-    """This machine's CPU as a device: CPU-seconds of one training step, measured (None when no
-    cell ran on the CPU)."""
-    steps = [c["compute_only"].get("cpu_s_per_step") for c in cells if c["kind"] == "cell" and c["node"] == "cpu"]
-    steps = [s for s in steps if s]
-    return Device("cpu", 0, statistics.median(steps), "measured") if steps else None
+    """This machine's CPU as a device: CPU-seconds of one training step, measured (the median
+    over the CPU cells; None when no cell ran on the CPU)."""
+    devices = [device_of(c) for c in cells if c["kind"] == "cell" and c["node"] == "cpu"]
+    if not devices:
+        return None
+    return Device("cpu", 0, statistics.median(d.step_s for d in devices), devices[0].how)
 
 
 def machine_of_instance(inst: Instance, cells: list[dict], accelerators: dict[str, Accelerator] | None = None,
@@ -110,6 +111,7 @@ def projection_row(machine: Machine, layout: Layout, loader: Loader, storage: Ob
            "usd_per_hour": None, "usd_per_job": None, "spot_usd_per_hour": None, "spot_usd_per_job": None,
            "usd_per_1k_samples": None}
     if inst is not None:
+        row["ram_note"] = ram_note(workload.samples * layout.bytes_per_sample, inst.ram_gib)
         row.update(cloud=inst.cloud, region=inst.region, price_date=inst.price_date, price_source=inst.source)
         hourly, spot_hourly = hourly_cost(inst, dbu=dbu), hourly_cost(inst, spot=True, dbu=dbu)
         if hourly:
@@ -118,6 +120,20 @@ def projection_row(machine: Machine, layout: Layout, loader: Loader, storage: Ob
         if spot_hourly:
             row.update(spot_usd_per_hour=spot_hourly, spot_usd_per_job=spot_hourly * spot.stretch(seconds) / 3600)
     return row
+
+
+#: Share of RAM the page cache can hold a dataset in, the rest kept for the job itself.
+PAGE_CACHE_SHARE = 0.8
+
+
+def ram_note(dataset_bytes: float, ram_gib: float | None) -> str | None:
+    """Whether one epoch's bytes fit in the page cache of an instance (epochs after the first
+    then read memory, not storage, when read from local disk or through --cache-dir)."""
+    if not ram_gib:
+        return None
+    gib, room = dataset_bytes / 2**30, PAGE_CACHE_SHARE * ram_gib
+    fits = "fits in" if gib <= room else "does not fit in"
+    return f"dataset ({gib:,.1f} GiB) {fits} {PAGE_CACHE_SHARE:.0%} of RAM ({room:,.1f} of {ram_gib:,.0f} GiB)"
 
 
 def project_catalog(cells: list[dict], catalog: list[Instance], store: str, loader: Loader,

@@ -566,8 +566,9 @@ BELOW_MODEL = 0.8
 def verdict(cell: dict) -> dict:
     """The bottleneck of one cell and concrete advice: the projection model's binding constraint
     for this machine (``model.project`` of the cell's measured quantities), unless the
-    measurements say otherwise (the node swapped; the real run fell well below what the model
-    allows, i.e. the reader and the step or other processes competed for the CPU)."""
+    measurements say otherwise: the node swapped, or the real run fell well below what the model
+    allows while other processes took CPU, or while the device should have been the limit (the
+    reader and the step competed for the CPU)."""
     proj = project(machine_of(cell), layout_of(cell), loader_of(cell), storage_of(cell), cell["batch_size"])
     real = cell["real"]
     r = real["samples_per_s"] or 0.0
@@ -575,8 +576,8 @@ def verdict(cell: dict) -> dict:
         return {"bottleneck": "ram", "advice": "RAM: the working set exceeds memory and the node swaps; "
                 "pick an instance with more RAM or lower --workers / --shuffle-buffer"}
     cores = cell["env"]["cores"]
-    if r < BELOW_MODEL * proj.samples_per_s:
-        load = (real.get("load") or {})
+    load = real.get("load") or {}
+    if r < BELOW_MODEL * proj.samples_per_s and (load.get("contended") or proj.bottleneck == COMPUTE):
         others = "; ".join(load.get("reasons") or []) or "nothing else was busy"
         return {"bottleneck": "contention", "advice": f"the real run reached {r:,.0f} samples/s where its parts "
                 f"allow {proj.samples_per_s:,.0f} ({proj.bottleneck}-bound): the reader and the step compete for "

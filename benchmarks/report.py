@@ -72,6 +72,12 @@ def fmt_time(seconds: float | None) -> str:
     return f"{significant(seconds / 3600):g} h"
 
 
+def fmt_rate(value: float) -> str:
+    """Samples/s to 3 significant figures: "0.84", "399", "1,000", "105,000"."""
+    v = significant(value, 3)
+    return f"{v:,.0f}" if v >= 1000 else f"{v:g}"
+
+
 def fmt_usd(value: float | None) -> str:
     """Dollars to 2 significant figures ("$0.53", "$1.2", "$1,200"), "-" when unknown."""
     if value is None:
@@ -256,9 +262,9 @@ def _headline(advice) -> list[str]:
         cells = []
         for o in opts:
             r = rows.get(o)
-            text = f"{fmt_time(r['seconds'])} ({r['samples_per_s']:,.3g}/s, {r['bottleneck']})" if r else "-"
+            text = f"{fmt_time(r['seconds'])} ({fmt_rate(r['samples_per_s'])}/s, {r['bottleneck']})" if r else "-"
             cells.append(f"**{text}**" if r and r.get("fastest") else text)
-        label = h["node"] + (f" ({h['instance']})" if h.get("instance") else f": {h['rows'][0]['machine']}")
+        label = f"{h['node']} ({h['instance']})" if h.get("instance") else h["rows"][0]["machine"] if h["rows"] else h["node"]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines.append("")
     for g in filter(None, advice["gains"]):
@@ -310,7 +316,7 @@ def _costs_section(advice) -> list[str]:
                 name = f"**{name}** ({', '.join(marks)})"
             gpus = f"{r['gpus']} {r['device']}" if r["gpus"] else "-"
             cv = f"{r['cost_vs_cheapest']:.2g}" if r["cost_vs_cheapest"] else "-"
-            lines.append(f"| {name} | {r['vcpus']} | {gpus} | {r['samples_per_s']:,.3g} | {fmt_time(r['seconds'])} | "
+            lines.append(f"| {name} | {r['vcpus']} | {gpus} | {fmt_rate(r['samples_per_s'])} | {fmt_time(r['seconds'])} | "
                          f"{fmt_usd(r['usd_per_hour'])} | {fmt_usd(r['usd_per_job'])} | {fmt_usd(r['spot_usd_per_job'])} | "
                          f"{fmt_usd(r['usd_per_1k_samples'])} | {r['time_vs_fastest']:.2g} | {cv} | {r['bottleneck']} | "
                          f"{r.get('price_date') or '-'} |")
@@ -341,7 +347,7 @@ def _method(advice, notes) -> list[str]:
              "min(reader threads, vCPUs)), the storage (requests in flight x bytes per request / request time), the "
              "network. With prefetch the job runs at the smallest rate; without, reading and compute add up.",
              "- Request concurrency is the loader's own, never scaled with vCPUs: "
-             + "; ".join(o.loader.describe() for o in advice["options"]) + ".",
+             + "; ".join(dict.fromkeys(o.loader.describe() for o in advice["options"])) + ".",
              f"- Storage: {storage.name}: {storage.first_byte_ms:g} ms first byte, {storage.stream_mb_per_s:g} MB/s "
              f"per stream, at most {storage.max_concurrency} in flight ({storage.source})." if storage else
              "- Storage: local disk as it is (no request cost modelled).",

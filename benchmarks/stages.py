@@ -70,29 +70,25 @@ def _nbytes(value) -> int:
     return len(value) if isinstance(value, (bytes, bytearray, memoryview)) else int(np.asarray(value).nbytes)
 
 
-def image_verdict(cell: dict, device_rate: float, ingest_rate: float) -> dict:
-    """The binding stage of an image cell whose reader does not keep up with the device
-    (``device_rate`` samples/s compute-only, the reader ``ingest_rate``): I/O when the reader's
-    threads have the CPU to process what the device takes (they wait on storage), else the
-    stage that costs the most CPU per sample (read counts as I/O)."""
+def image_verdict(cell: dict, device_rate: float, reader_rate: float) -> dict:
+    """An image cell the projection model found read/decode-bound (its reader's CPU delivers
+    ``reader_rate`` samples/s, the device takes ``device_rate``): the stage that costs the most
+    CPU per sample, and what removes it."""
     st = cell["stages"]
     per_sample = sum(st[s] for s in STAGES)
-    threads = max(1, min(cell["connections"]["reader_workers"], cell["env"]["cores"]))
-    cpu_rate = threads / per_sample
     need = math.ceil(device_rate * per_sample)
     ms = {s: f"{st[s] * 1e3:.3f} ms" for s in STAGES}
     costs = f"CPU per sample: read {ms['read']}, decode+resize {ms['decode']}, augment {ms['augment']}"
     binding = max(STAGES, key=lambda s: st[s])
-    if cpu_rate >= device_rate or binding == "read":
-        why = (f"the reader waits on storage: its {threads} threads have the CPU for {cpu_rate:,.0f} samples/s "
-               if cpu_rate >= device_rate else f"reading costs the most CPU ({ms['read']} per sample); ")
-        return {"bottleneck": "io", "advice": f"I/O-bound: {why}and deliver {ingest_rate:,.0f}, the device takes "
-                f"{device_rate:,.0f} ({costs}); repack into files of ~128 MB or allow more requests in flight"}
+    if binding == "augment":
+        return {"bottleneck": "augment", "advice": f"augmentation-bound: {ms['augment']} CPU per image to crop, "
+                f"resize and flip ({costs}); the reader delivers {reader_rate:,.0f} images/s, the device takes "
+                f"{device_rate:,.0f} and needs ~{need} vCPUs at this rate; augment on the GPU or add CPUs"}
     if binding == "decode":
         ratio = st["pixel_bytes_per_sample"] / st["stored_bytes_per_sample"]
         return {"bottleneck": "decode", "advice": f"decode-bound: {ms['decode']} CPU per image to decode and resize "
-                f"({costs}); the device takes {device_rate:,.0f} images/s and needs ~{need} vCPUs at this rate; "
-                f"store decoded pixels ({ratio:.1f}x the bytes) or add CPUs"}
-    return {"bottleneck": "augment", "advice": f"augmentation-bound: {ms['augment']} CPU per image to crop, resize "
-            f"and flip ({costs}); the device takes {device_rate:,.0f} images/s and needs ~{need} vCPUs at this "
-            "rate; augment on the GPU or add CPUs"}
+                f"({costs}); the reader delivers {reader_rate:,.0f} images/s, the device takes {device_rate:,.0f} "
+                f"and needs ~{need} vCPUs at this rate; store decoded pixels ({ratio:.1f}x the bytes) or add CPUs"}
+    return {"bottleneck": "decode", "advice": f"read-bound: {ms['read']} CPU per image to read and parse its bytes "
+            f"({costs}); the reader delivers {reader_rate:,.0f} images/s, the device takes {device_rate:,.0f} and "
+            f"needs ~{need} vCPUs at this rate; repack into files of ~128 MB (fewer, larger reads) or add CPUs"}

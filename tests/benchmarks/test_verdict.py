@@ -39,8 +39,8 @@ ROWS = [
     # images: the same decode limit, broken down by stage (stages.image_verdict)
     ("decode, images", cell(compute=1000, cpu_ms=10, real=390, stages=STAGES), "decode",
      "decode-bound: 4.000 ms CPU per image to decode and resize (CPU per sample: read 0.100 ms, decode+resize "
-     "4.000 ms, augment 1.000 ms); the device takes 1,000 images/s and needs ~6 vCPUs at this rate; store decoded "
-     "pixels (4.1x the bytes) or add CPUs"),
+     "4.000 ms, augment 1.000 ms); the reader delivers 400 images/s, the device takes 1,000 and needs ~6 vCPUs at "
+     "this rate; store decoded pixels (4.1x the bytes) or add CPUs"),
     # azure-blob: 4 KB GETs take 20 ms + 4,000 B / 60 MB/s = 20.067 ms, 8 in flight: 398.7/s
     ("io-latency, small files", cell("blob", compute=1000, real=398, profile="azure-blob"), "io-latency",
      "storage latency: 4 KB requests at 20 ms first byte, 8 in flight -> 399 samples/s, the device takes 1,000; "
