@@ -111,11 +111,12 @@ def _csv(text: str) -> tuple[str, ...]:
                   "through the --storage-profile latency emulation, with one connection budget (--workers, "
                   "--io-concurrency): the cells differ by layout only (the layout effect). The best compacted store is also read from local disk as it is "
                   "(the location effect), unless the cells read local disk as it is already. Each cell is measured "
-                  "three ways (compute-only, ingest-only, real run), diagnosed, and projected to time and cost per "
-                  "instance of the catalog; writes results.jsonl, results.csv, report.md and report.html to --out, "
-                  "and a progress line to stderr as each store is staged and as each cell starts and ends. Cells "
-                  "are appended as they finish: a failed cell does not lose the others, and the report says why "
-                  "each failed cell failed. Exit 1 when no cell could be measured.")
+                  "three ways (compute-only, ingest-only, real run; the reader's CPU time per sample and the "
+                  "machine's load recorded), diagnosed, and projected to time and cost per instance of the "
+                  "catalog by one model; writes results.jsonl, results.csv, report.md and report.html to --out. "
+                  "Progress on stderr: each store as it is staged, each cell (i/N) with its measurement, steps, "
+                  "elapsed time and ETAs. Cells are appended as they finish: a failed cell does not lose the "
+                  "others, and the report says why each failed cell failed. Exit 1 when no cell could be measured.")
 def run(
     src: Optional[str] = typer.Argument(None, help="Folder (or fsspec URL) of the small files: the blob layout. "
                                         "Optional with --scenario (which then generates its dataset into OUT/data)."),
@@ -159,7 +160,9 @@ def run(
     scenario: Optional[Path] = typer.Option(None, "--scenario", help="A scenario file (TOML, see scenarios/): the "
                                             "workload, model, storage, loaders and nodes to project onto, with the "
                                             "published times to compare with; it sets the matrix (stores, nodes, "
-                                            "steps, batch, width, latency profile) and writes OUT/reference.json."),
+                                            "steps, batch, width, latency profile: the matrix options above are "
+                                            "ignored but --storage-backend and --storage-option) and writes "
+                                            "OUT/reference.json."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     from trainfeed.converters.cli import parse_resize
@@ -176,7 +179,7 @@ def run(
         log = lambda m: typer.echo(redact(m), err=True)  # noqa: E731
         if scenario is not None:
             sc = load_scenario(scenario)
-            cfg = prepare(sc, out, src, log)
+            cfg = prepare(sc, out, src, log, storage_backend, parse_storage_options(storage_option))
             run_matrix(cfg, log, MatrixProgress(0))
             info = report_mod.build(str(out), catalog=catalog, scenario=sc)
             typer.echo(redact_json(info, default=str) if as_json else _report_line(info))

@@ -493,7 +493,8 @@ def _logged(log: Callable[[str], None], name: str, measure: Callable[[], dict]) 
     log(f"{name}: start")
     t0 = time.perf_counter()
     res = measure()
-    log(f"{name}: {res['samples_per_s']:.1f} samples/s, {res['samples']} samples ({time.perf_counter() - t0:.1f} s)")
+    rate = f"{res['samples_per_s']:.1f} samples/s" if res["samples_per_s"] else "too few batches to time"
+    log(f"{name}: {rate}, {res['samples']} samples ({time.perf_counter() - t0:.1f} s)")
     return res
 
 

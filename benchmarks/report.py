@@ -33,6 +33,15 @@ def _cells(records):
     return cells
 
 
+def _spread(records) -> dict[tuple, list[float]]:
+    """The real-run rates of every repeat of each cell."""
+    rates: dict[tuple, list[float]] = {}
+    for r in records:
+        if r["kind"] == "cell" and r["real"]["samples_per_s"]:
+            rates.setdefault((r["store"], r["node"], r["framework"]), []).append(r["real"]["samples_per_s"])
+    return rates
+
+
 def _locations(records) -> list[dict]:
     """The location-effect measurements: one per run (merged results hold several)."""
     return [r for r in records if r["kind"] == "location-effect"]
@@ -120,10 +129,11 @@ def build(out: str, *, target_samples: int = 650_000, target_epochs: int = 5, ca
     advice = None
     _write_csv(outdir / "results.csv", cells.values(), failed.values())
     if cells:
-        plan = plan_for(list(cells.values()), Workload(target_samples, target_epochs), baseline, scenario)
+        every = [r for r in records if r["kind"] == "cell"]  # every repeat: the model takes medians
+        plan = plan_for(every, Workload(target_samples, target_epochs), baseline, scenario)
         dbu = {r.cloud: r for r in load_dbu_rates() if r.workload == "jobs"}
-        advice = build_advice(list(cells.values()), instances, dbu, plan, stores)
-        md = _markdown(cells, locations, stores, nodes, frameworks, advice, notes, errors)
+        advice = build_advice(every, instances, dbu, plan, stores)
+        md = _markdown(cells, _spread(records), locations, stores, nodes, frameworks, advice, notes, errors)
         if advice["reference"]:
             _write_reference(outdir / "reference.json", advice["reference"])
     else:
@@ -185,7 +195,7 @@ def _stage_ms(stages: dict | None) -> list:
     return [stages[s] * 1e3 for s in STAGES] if stages else ["", "", ""]
 
 
-def _markdown(cells, locations, stores, nodes, frameworks, advice, notes, errors) -> str:
+def _markdown(cells, spread, locations, stores, nodes, frameworks, advice, notes, errors) -> str:
     any_cell = next(iter(cells.values()))
     env = any_cell["env"]
     plan = advice["plan"]
@@ -207,7 +217,7 @@ def _markdown(cells, locations, stores, nodes, frameworks, advice, notes, errors
         lines += _reference_section(advice)
     lines += _headline(advice)
     lines += _effects(cells, locations, same_storage)
-    lines += _cells_section(cells, nodes, stores)
+    lines += _cells_section(cells, spread, nodes, stores)
     lines += _costs_section(advice)
     lines += _recommendation(advice)
     lines += _method(advice, notes)
@@ -276,7 +286,7 @@ def _headline(advice) -> list[str]:
     return lines + [""]
 
 
-def _cells_section(cells, nodes, stores) -> list[str]:
+def _cells_section(cells, spread, nodes, stores) -> list[str]:
     lines = ["## Why: each cell", "",
              "Measured here: compute-only, ingest-only and the real run (samples/s, wall clock); the reader's CPU "
              "per sample (process CPU time); what the model allows this machine; the verdict from the model's "
@@ -289,8 +299,11 @@ def _cells_section(cells, nodes, stores) -> list[str]:
         r = c["real"]
         cpu = c["ingest_only"].get("cpu_s_per_sample")
         notes = "; ".join(c.get("checks", [])).replace("|", "\\|") or "-"
+        runs = spread.get((s, n, fw), [])
+        real = f"{r['samples_per_s']:,.0f}" + (f" ({min(runs):,.0f}-{max(runs):,.0f} over {len(runs)} repeats)"
+                                               if len(runs) > 1 else "")
         lines.append(f"| {s} | {n} | {fw} | {c['compute_only']['samples_per_s']:,.0f} ({c['compute_only']['how']}) | "
-                     f"{c['ingest_only']['samples_per_s'] or 0:,.0f} | {r['samples_per_s']:,.0f} | "
+                     f"{c['ingest_only']['samples_per_s'] or 0:,.0f} | {real} | "
                      f"{'-' if cpu is None else f'{cpu * 1e3:.2f}'} | {proj.samples_per_s:,.0f} | "
                      f"{100 * r['stall_fraction']:.0f}% | {c['verdict']['bottleneck']} | {c['verdict']['advice']} | "
                      f"{notes} |")
@@ -318,10 +331,16 @@ def _costs_section(advice) -> list[str]:
             cv = f"{r['cost_vs_cheapest']:.2g}" if r["cost_vs_cheapest"] else "-"
             lines.append(f"| {name} | {r['vcpus']} | {gpus} | {fmt_rate(r['samples_per_s'])} | {fmt_time(r['seconds'])} | "
                          f"{fmt_usd(r['usd_per_hour'])} | {fmt_usd(r['usd_per_job'])} | {fmt_usd(r['spot_usd_per_job'])} | "
-                         f"{fmt_usd(r['usd_per_1k_samples'])} | {r['time_vs_fastest']:.2g} | {cv} | {r['bottleneck']} | "
+                         f"{fmt_usd(r['usd_per_1k_samples'])} | {r['time_vs_fastest']:.2g} | {cv} | {_limit(r)} | "
                          f"{r.get('price_date') or '-'} |")
         lines.append("")
     return lines
+
+
+def _limit(row: dict) -> str:
+    """The bottleneck, and a warning when one epoch does not fit in the page cache."""
+    note = row.get("ram_note") or ""
+    return row["bottleneck"] + (f"; {note}" if "does not fit" in note else "")
 
 
 def _recommendation(advice) -> list[str]:
@@ -383,6 +402,10 @@ def _effects(cells, locations, same_storage: bool) -> list[str]:
                          f"alone: {figures}.")
     for loc in locations:
         local, remote = loc["local_disk"]["samples_per_s"], loc["on_storage"]["samples_per_s"]
+        if not local or not remote:
+            lines.append(f"- **Location effect** ({loc['store']}): too few batches to time (raise --steps or "
+                         "use more samples).")
+            continue
         lines.append(f"- **Location effect** (the same {loc['store']} store, both read with {_budget(loc)}): ingest-only "
                      f"from local disk as it is {local:,.0f} samples/s, from {_place(loc)}: {remote:,.0f} samples/s: "
                      f"**{local / remote:.1f}x** faster on local disk.")

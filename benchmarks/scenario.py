@@ -165,10 +165,12 @@ class _Getter:
         return value
 
 
-def prepare(scenario: Scenario, out: Path, src: str | None, log) -> MatrixConfig:
-    """The matrix a scenario measures: its stores on its nodes' devices, the scenario's storage
-    latency emulated around every read, on SRC or (without one) a dataset of the scenario's
-    shape generated into OUT/data. The scenario file is copied into OUT (the report reads it)."""
+def prepare(scenario: Scenario, out: Path, src: str | None, log, storage_backend: str = "local",
+            storage_options: dict | None = None) -> MatrixConfig:
+    """The matrix a scenario measures: its stores on its nodes' devices, staged on
+    ``storage_backend`` with the scenario's storage latency emulated around every read, on SRC
+    or (without one) a dataset of the scenario's shape generated into OUT/data. The scenario
+    file is copied into OUT (the report reads it)."""
     from .report import SCENARIO_COPY
     from .synth import generate_volumes
 
@@ -189,4 +191,5 @@ def prepare(scenario: Scenario, out: Path, src: str | None, log) -> MatrixConfig
     return MatrixConfig(src=src, out=str(out), labels_csv=str(labels) if labels.is_file() else None,
                         stores=scenario.stores, nodes=tuple(dict.fromkeys(n.measure for n in scenario.nodes)),
                         frameworks=(scenario.framework,), steps=scenario.steps, cpu_steps=scenario.cpu_steps,
-                        batch_size=scenario.batch_size, width=scenario.width, storage_profile=str(profile))
+                        batch_size=scenario.batch_size, width=scenario.width, storage_profile=str(profile),
+                        storage_backend=storage_backend, storage_options=dict(storage_options or {}))

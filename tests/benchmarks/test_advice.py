@@ -198,3 +198,45 @@ def test_a_bad_scenario_names_the_file_and_the_key(tmp_path, edit, message):
     path.write_text(edit(SCENARIO))
     with pytest.raises(TrainfeedError, match=f"{path}: .*{message}".replace("(", r"\(").replace(")", r"\)")):
         load_scenario(path)
+
+
+def test_a_calibrated_profile_replaces_the_estimate_in_every_row_of_its_gpu():
+    """`calibrate --name t4` on a T4 measured 0.2 s a step for this shape and batch: a run with
+    that profile as a node puts it into every T4 row of the catalog, labelled calibrated."""
+    from dataclasses import asdict
+
+    from trainfeed.benchmarks.profiles import Accelerator, calibration_key
+
+    key = calibration_key([10, 10, 4, 2], 32, 8, False)
+    t4 = Accelerator("t4", 0.0, 0.0, 1.0, "calibrated on NVIDIA T4", kind="calibrated", step_seconds={key: 0.2})
+    cells = [cell("delta", "t4.json", compute=160, cpu_ms=0.1, real=160, batch_size=32, flops_per_step=T4_STEP,
+                  accelerator=asdict(t4))]
+    catalog = [instance("one-t4", 8, 1, "NVIDIA T4", on_demand=1.0), instance("four-t4", 48, 4, "NVIDIA T4")]
+    advice = build_advice(cells, catalog, {}, plan_for(cells, Workload(32_000, 1)), ["delta"])
+    rows = {r["machine"]: r for r in advice["projections"]["delta"]}
+    assert {(r["device"], r["device_how"]) for r in rows.values()} == {("t4", "calibrated")}
+    assert rows["one-t4"]["samples_per_s"] == pytest.approx(32 / 0.2)  # not the 80/s the estimate gives
+    assert rows["four-t4"]["samples_per_s"] == pytest.approx(4 * 32 / 0.2)
+
+
+def test_storage_bench_run_with_a_scenario(tmp_path):
+    """`storage-bench run --scenario FILE --out DIR` generates its dataset, measures, and writes
+    the report with the reference section and DIR/reference.json."""
+    from tests.conftest import run_cli
+    from trainfeed.benchmarks.cli import app
+
+    path = tmp_path / "tiny.toml"
+    path.write_text(SCENARIO.replace("sample_shape = [30, 30, 10, 10]", "sample_shape = [6, 6, 4, 2]")
+                    .replace('"gpu-box"', '"Standard_NC4as_T4_v3"').replace('"cpu-box"', '"Standard_D16s_v3"')
+                    .replace("samples = 64", "samples = 48").replace("steps = 4", "steps = 3"))
+    out = tmp_path / "out"
+    res = run_cli(app, "run", "--scenario", path, "--out", out)
+    assert res.exit_code == 0, res.stderr
+    assert (out / "data" / "labels.csv").read_text().count("\n") == 49  # header and 48 generated samples
+    rows = json.loads((out / "reference.json").read_text())
+    assert [(r["node"], r["store"], r["reference_s"]) for r in rows] == [("GPU node", "delta", 600),
+                                                                          ("GPU node", "blob", 3600)]
+    assert all(r["projected_s"] > 0 for r in rows)
+    md = (out / "report.md").read_text()
+    assert "## Reference case: test case" in md and "| GPU node (Standard_NC4as_T4_v3) |" in md
+    assert "Standard_NC4as_T4_v3" in md and "$" in md  # Azure's price from the catalog
