@@ -166,9 +166,12 @@ def reference(headline: list[dict], plan: Plan) -> dict:
         row = next((r for r in head["rows"] if r["store"] == ref.store
                     and r["loader"] == sc.loader_for(ref.store).name), None) if head else None
         projected = row["seconds"] if row else None
+        hourly = row["usd_per_hour"] if row else None
         rows.append({"node": ref.node, "store": ref.store, "projected_s": projected, "reference_s": ref.seconds,
                      "deviation": projected / ref.seconds - 1 if projected else None, "source": ref.source,
-                     "bottleneck": row["bottleneck"] if row else None})
+                     "bottleneck": row["bottleneck"] if row else None, "usd_per_hour": hourly,
+                     "projected_usd": row["usd_per_job"] if row else None,
+                     "reference_usd": hourly * ref.seconds / 3600 if hourly else None})
     speedups, cross = [], []
     for node in dict.fromkeys(r["node"] for r in rows):
         check = cross_check(next(h for h in headline if h["node"] == node), [r for r in rows if r["node"] == node], sc)

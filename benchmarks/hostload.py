@@ -27,6 +27,21 @@ def cpu_seconds() -> float:
     return t.user + t.system
 
 
+def children_cpu_seconds() -> dict[int, float]:
+    """CPU time, user + system, of each live descendant process (the storage emulator a run
+    started, Spark's JVM, ...): they work for this measurement, so their CPU is not "others'"."""
+    import psutil
+
+    out = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            t = child.cpu_times()
+        except psutil.Error:  # gone since the listing
+            continue
+        out[child.pid] = t.user + t.system
+    return out
+
+
 def usable_cores() -> int:
     """Cores this process may run on (its affinity), else the machine's count."""
     try:
@@ -57,7 +72,7 @@ def _load_1m() -> float | None:
 def classify(sample: dict) -> tuple[bool, list[str]]:
     """``(contended, reasons)`` from a summary's figures: ``cores``, ``others_busy_pct``,
     ``steal_pct`` (both None without /proc/stat), ``load_avg_1m_mean`` (None where unknown),
-    ``process_cpu_s`` and ``wall_s``."""
+    ``process_cpu_s``, ``children_cpu_s`` (optional) and ``wall_s``."""
     reasons = []
     others = sample.get("others_busy_pct")
     if others is not None and others >= OTHERS_BUSY_PCT:
@@ -67,7 +82,8 @@ def classify(sample: dict) -> tuple[bool, list[str]]:
         reasons.append(f"hypervisor steal {steal:.0f}%")
     load, cores = sample.get("load_avg_1m_mean"), sample["cores"]
     if load is not None:
-        ours = sample["process_cpu_s"] / sample["wall_s"] if sample["wall_s"] > 0 else 0.0
+        mine = sample["process_cpu_s"] + (sample.get("children_cpu_s") or 0.0)
+        ours = mine / sample["wall_s"] if sample["wall_s"] > 0 else 0.0
         per_core = (load - ours) / cores
         if per_core > LOAD_PER_CORE:
             reasons.append(f"load average {load:.1f} on {cores} cores, {per_core:.1f} per core "
@@ -81,17 +97,20 @@ class LoadMonitor:
     /proc/stat and our CPU time are read at the window's ends; the 1-minute load average, which
     moves slowly, is sampled every ``interval`` seconds by a daemon thread."""
 
-    def __init__(self, interval: float = 0.5) -> None:
+    def __init__(self, interval: float = 0.5, *, include_children: bool = False) -> None:
+        """``include_children``: count the CPU of this process's live descendants (a storage
+        emulator the run started) as ours, not as other processes'."""
         self.interval = interval
+        self.include_children = include_children
         self._loads: list[float] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._start: tuple[float, float, tuple[int, int, int] | None] | None = None
-        self._end: tuple[float, float, tuple[int, int, int] | None] | None = None
+        self._start: tuple | None = None
+        self._end: tuple | None = None
 
-    @staticmethod
-    def _snapshot() -> tuple[float, float, tuple[int, int, int] | None]:
-        return time.monotonic(), cpu_seconds(), _read_stat()
+    def _snapshot(self) -> tuple[float, float, tuple[int, int, int] | None, dict[int, float]]:
+        return (time.monotonic(), cpu_seconds(), _read_stat(),
+                children_cpu_seconds() if self.include_children else {})
 
     def _sample_load(self) -> None:
         load = _load_1m()
@@ -121,18 +140,20 @@ class LoadMonitor:
         """JSON-able figures of the window, with ``contended`` and its ``reasons``."""
         if self._start is None:
             raise RuntimeError("LoadMonitor.summary() before the window started")
-        t0, cpu0, stat0 = self._start
-        t1, cpu1, stat1 = self._end or self._snapshot()
+        t0, cpu0, stat0, kids0 = self._start
+        t1, cpu1, stat1, kids1 = self._end or self._snapshot()
         cores = usable_cores()
         wall = max(t1 - t0, 1e-9)
         process_cpu = max(cpu1 - cpu0, 0.0)
+        children_cpu = sum(max(c - kids0.get(pid, 0.0), 0.0) for pid, c in kids1.items())
         busy = steal = others = None
         if stat0 is not None and stat1 is not None and stat1[0] > stat0[0]:
             total, idle, stolen = (b - a for a, b in zip(stat0, stat1))
             steal = 100.0 * stolen / total
             busy = 100.0 * (total - idle - stolen) / total
-            # our CPU time as a share of the same jiffies, so machine and process figures compare
-            ours = 100.0 * process_cpu * os.sysconf("SC_CLK_TCK") / total
+            # our CPU time (and our children's) as a share of the same jiffies, so machine and
+            # process figures compare
+            ours = 100.0 * (process_cpu + children_cpu) * os.sysconf("SC_CLK_TCK") / total
             others = max(busy - ours, 0.0)
         loads = list(self._loads)
         out = {
@@ -144,6 +165,7 @@ class LoadMonitor:
             "process_cpu_s": round(process_cpu, 3),
             "wall_s": round(wall, 3),
             "process_cpu_share": round(process_cpu / (wall * cores), 3),
+            "children_cpu_s": round(children_cpu, 3),
             "others_busy_pct": _round(others),
         }
         out["contended"], out["reasons"] = classify(out)

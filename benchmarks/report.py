@@ -234,10 +234,12 @@ def _reference_section(advice) -> list[str]:
     lines = [f"## Reference case: {sc.name}", "",
              f"Scenario `{sc.path}`. Published times beside this run's projections for the same workload "
              f"({sc.workload.total:,} samples, batch {sc.batch_size}); the model is the one every table below uses.", "",
-             "| node | store, loader | projected | published | deviation | bottleneck |", "|---|---|---|---|---|---|"]
+             "| node | store, loader | projected | published | deviation | bottleneck | $/h | $ projected | "
+             "$ at the published time |", "|---|---|---|---|---|---|---|---|---|"]
     for r in ref["rows"]:
         lines.append(f"| {r['node']} | {r['store']}, {sc.loader_for(r['store']).name} | {fmt_time(r['projected_s'])} | "
-                     f"{fmt_time(r['reference_s'])} | {_deviation(r['deviation'])} | {r['bottleneck'] or '-'} |")
+                     f"{fmt_time(r['reference_s'])} | {_deviation(r['deviation'])} | {r['bottleneck'] or '-'} | "
+                     f"{fmt_usd(r['usd_per_hour'])} | {fmt_usd(r['projected_usd'])} | {fmt_usd(r['reference_usd'])} |")
     lines += ["", "| node | speed-up published | projected | deviation |", "|---|---|---|---|"]
     for s in ref["speedups"]:
         lines.append(f"| {s['node']} | {s['published']:.2g}x | {s['projected']:.2g}x | {_deviation(s['deviation'])} |")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from trainfeed.benchmarks.matrix import RESULTS_VERSION, checks, verdict
+from trainfeed.benchmarks.matrix import RESULTS_VERSION
+from trainfeed.benchmarks.verdict import checks, verdict
 from trainfeed.benchmarks.profiles import OBJECT_STORES
 
 

@@ -122,3 +122,20 @@ def test_without_proc_stat(monkeypatch):
     assert s["wall_s"] >= 0.12 and s["cores"] >= 1
     assert s["load_avg_1m_max"] >= s["load_avg_1m_mean"] >= 0
     assert isinstance(s["contended"], bool)
+
+
+def test_a_child_process_works_for_us_not_against_us():
+    """A storage emulator the run started (here: a spinning child, alive through the window) is
+    part of the measurement with include_children: its CPU counts as ours, not as others'."""
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        with LoadMonitor(interval=0.2, include_children=True) as mon:
+            time.sleep(1.0)
+        s = mon.summary()
+    finally:
+        child.kill()
+        child.wait()
+    assert s["children_cpu_s"] >= 0.5, s
+    if s["others_busy_pct"] is not None:
+        assert s["others_busy_pct"] < hostload.OTHERS_BUSY_PCT, s

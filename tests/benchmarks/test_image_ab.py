@@ -7,7 +7,8 @@ import csv
 
 import pytest
 
-from trainfeed.benchmarks.matrix import id_label_digest, verdict
+from trainfeed.benchmarks.matrix import id_label_digest
+from trainfeed.benchmarks.verdict import verdict
 
 from .recorded import cell
 from .test_storage_bench import bench_cli, records_of

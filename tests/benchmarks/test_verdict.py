@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainfeed.benchmarks.matrix import verdict
+from trainfeed.benchmarks.verdict import verdict
 
 from .recorded import cell
 
