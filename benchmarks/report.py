@@ -397,7 +397,7 @@ def _effects(cells, locations, same_storage: bool) -> list[str]:
         if same_storage:
             any_cell = next(iter(cells.values()))
             lines.append(f"- **Layout effect** (compacted vs small files, both on {_place(any_cell)}, both read with "
-                         f"{_budget(any_cell)}): {figures}. Per node, in the real run: the table's last column.")
+                         f"{_budget(any_cell)}): {figures}. Per node, projected: the gains under the headline.")
         else:
             lines.append("- **Compacted vs small files, mixing location and layout**: the cells were read from "
                          f"different storage or with different connection budgets, so this is not the layout effect "

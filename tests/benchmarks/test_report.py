@@ -124,8 +124,8 @@ def test_layout_and_location_effects(tmp_path):
     assert ("| t4 (estimate) on this machine (4 vCPUs) | 15 min (399/s, io-latency) | **6 min (1,000/s, compute)** | "
             "6 min (1,000/s, compute) |") in md
     assert (f"- **Layout effect** (compacted vs small files, both on {place}, both read with {budget}): ingest-only, "
-            "the best compacted store (delta) 500 samples/s, the small files 50 samples/s: **10.0x**. Per node, in the "
-            "real run: the table's last column.") in md
+            "the best compacted store (delta) 500 samples/s, the small files 50 samples/s: **10.0x**. Per node, projected: "
+            "the gains under the headline.") in md
     assert (f"- **Location effect** (the same delta store, both read with {budget}): ingest-only from local disk "
             f"as it is 2,000 samples/s, from {place}: 500 samples/s: **4.0x** faster on local disk.") in md
     assert md.index("## Training time") < md.index("## Layout effect and location effect") < md.index("## Why")
