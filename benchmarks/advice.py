@@ -14,6 +14,7 @@ from .cost import (Workload, cpu_device, machine_of_instance, mark_extremes, pro
 from .measured import loader_of, storage_of
 from .model import Device, Loader, Machine
 from .profiles import Accelerator, ObjectStore
+from .remedies import remedies
 from .scenario import Scenario
 
 
@@ -122,7 +123,15 @@ def build_advice(cells: list[dict], catalog: list[Instance], dbu: dict[str, DbuR
     for label, rows in projections.items():
         for r in rows:
             r["option"] = label
+    by_store = {o.store: projections[o.label] for o in opts if o.loader == plan.reader}
+    encoded = [s for s in stores if any(c["kind"] == "cell" and c["store"] == s and c.get("image_storage") == "encoded"
+                                        for c in cells)]
+    decoded = next((s for s in stores if s.endswith("-decoded")), None)
+    fixes = {s: remedies(cells, catalog, s, s.replace("-encoded", "-decoded") if s.endswith("-encoded") else decoded,
+                         plan.reader, plan.storage, plan.workload, by_store, accelerators=accs, dbu=dbu)
+             for s in encoded}
     return {"plan": plan, "options": opts, "headline": headline, "projections": projections,
+            "remedies": {s: r for s, r in fixes.items() if r},
             "recommendation": recommend({k: v for k, v in projections.items()}),
             "gains": [gains(h, plan) for h in headline],
             "reference": reference(headline, plan) if plan.scenario else None}

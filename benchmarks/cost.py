@@ -9,12 +9,13 @@ relative to this machine; 1.0 unless a scenario sources another figure).
 """
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, replace
 
 from .catalog import DbuRate, Instance, hourly_cost
 from .measured import device_of, layout_of
-from .model import Device, Layout, Loader, Machine, Projection, project
+from .model import COMPUTE, Device, Layout, Loader, Machine, Projection, project
 from .profiles import ACCELERATORS, Accelerator, ObjectStore, calibration_key, step_seconds
 
 GPU_PROFILES = {"NVIDIA T4": "t4", "NVIDIA V100": "v100", "NVIDIA A10G": "a10g", "NVIDIA A100": "a100",
@@ -104,7 +105,8 @@ def projection_row(machine: Machine, layout: Layout, loader: Loader, storage: Ob
         layout = replace(layout, cpu_s_per_sample=layout.cpu_s_per_sample / cpu_speed)
     proj: Projection = project(machine, layout, loader, storage, batch)
     seconds = proj.seconds(workload.total)
-    row = {"machine": machine.name, "vcpus": machine.vcpus, "gpus": machine.device.count,
+    needed = math.ceil(proj.limits[COMPUTE] * layout.cpu_s_per_sample) if machine.device.is_gpu else None
+    row = {"machine": machine.name, "vcpus": machine.vcpus, "vcpus_needed": needed, "gpus": machine.device.count,
            "device": machine.device.name, "device_how": machine.device.how, "store": layout.store,
            "loader": loader.name, "samples_per_s": proj.samples_per_s, "seconds": seconds,
            "bottleneck": proj.bottleneck, "limits": proj.limits, "serial": proj.serial,

@@ -219,6 +219,7 @@ def _markdown(cells, spread, locations, stores, nodes, frameworks, advice, notes
     lines += _effects(cells, locations, same_storage)
     lines += _cells_section(cells, spread, nodes, stores)
     lines += _costs_section(advice)
+    lines += _remedies_section(advice)
     lines += _recommendation(advice)
     lines += _method(advice, notes)
     lines += _failures_section(errors)
@@ -331,12 +332,45 @@ def _costs_section(advice) -> list[str]:
                 name = f"**{name}** ({', '.join(marks)})"
             gpus = f"{r['gpus']} {r['device']}" if r["gpus"] else "-"
             cv = f"{r['cost_vs_cheapest']:.2g}" if r["cost_vs_cheapest"] else "-"
-            lines.append(f"| {name} | {r['vcpus']} | {gpus} | {fmt_rate(r['samples_per_s'])} | {fmt_time(r['seconds'])} | "
+            vcpus = f"{r['vcpus']}" + (f" (needs {r['vcpus_needed']})" if (r.get("vcpus_needed") or 0) > r["vcpus"]
+                                       else "")
+            lines.append(f"| {name} | {vcpus} | {gpus} | {fmt_rate(r['samples_per_s'])} | {fmt_time(r['seconds'])} | "
                          f"{fmt_usd(r['usd_per_hour'])} | {fmt_usd(r['usd_per_job'])} | {fmt_usd(r['spot_usd_per_job'])} | "
                          f"{fmt_usd(r['usd_per_1k_samples'])} | {r['time_vs_fastest']:.2g} | {cv} | {_limit(r)} | "
                          f"{r.get('price_date') or '-'} |")
         lines.append("")
     return lines
+
+
+def _remedies_section(advice) -> list[str]:
+    """Per decode-bound GPU instance: the vCPUs it needs, and three remedies with time and cost."""
+    if not advice["remedies"]:
+        return []
+    lines = ["## The preprocessing bottleneck: remedies", "",
+             "Where decoding encoded images on the instance's vCPUs cannot keep its GPUs busy: the vCPUs this "
+             "pipeline needs at the GPUs' rate, and three remedies projected with the same model — an instance "
+             "with more vCPUs per GPU (reader threads = its vCPUs), storing decoded pixels (more bytes, no "
+             "decode), and offloading preprocessing to CPU instances running tf.data service workers "
+             "(`train --data-service`; TensorFlow's decode costs ~2.7x Pillow's CPU per image, `make "
+             "bench-decode`). Times and $ per job (on demand).", ""]
+    for store, rows in advice["remedies"].items():
+        lines += [f"**{store}**", "", "| instance | today | vCPUs / needed | larger CPU:GPU instance | decoded pixels | "
+                  "offload to CPU workers |", "|---|---|---|---|---|---|"]
+        for fix in rows:
+            t = fix["today"]
+            lines.append(f"| {t['cloud']} {t['machine']} | {_when(t)} | {t['vcpus']} / {fix['vcpus_needed']} | "
+                         + (f"{fix['bigger']['machine']}: {_when(fix['bigger'])}" if fix["bigger"] else "none in the catalog")
+                         + " | " + (_when(fix["decoded"]) if fix["decoded"] else "not measured (--image-storage decoded)")
+                         + " | " + (f"{fix['offload']['workers']} x {fix['offload']['worker']}: {_when(fix['offload'])}"
+                                    if fix["offload"] else "no CPU instance priced")
+                         + " |")
+        lines.append("")
+    return lines
+
+
+def _when(row: dict) -> str:
+    """Time, $ per job and bottleneck of one projection."""
+    return f"{fmt_time(row['seconds'])}, {fmt_usd(row['usd_per_job'])} ({row['bottleneck']})"
 
 
 def _limit(row: dict) -> str:

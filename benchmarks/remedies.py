@@ -1,0 +1,86 @@
+"""What to do when the input pipeline's CPU cannot feed the GPUs (the preprocessing bottleneck):
+how many vCPUs an instance needs for this pipeline, and three remedies projected with the same
+model, time and cost — a larger CPU:GPU instance, storing decoded pixels, and offloading
+preprocessing to separate CPU workers (tf.data service)."""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from .catalog import DbuRate, Instance, hourly_cost
+from .cost import Workload, machine_of_instance, projection_row, store_layout
+from .model import DECODE, Loader, Machine
+from .profiles import Accelerator, ObjectStore
+
+#: CPU per sample of the offload workers' decode relative to the reader's: tf.data service
+#: workers decode with TensorFlow's ops, 373 samples per CPU-second against Pillow's reduced-scale
+#: 1,004 for 360x480 JPEGs at 64x64 (`make bench-decode`, docs/BENCHMARKS.md).
+OFFLOAD_CPU_FACTOR = 1004 / 373
+#: GPU rows the report shows remedies for: the cheapest decode-bound ones.
+SHOWN = 5
+
+
+def vcpus_needed(row: dict, cpu_s_per_sample: float) -> int:
+    """vCPUs busy decoding that the instance's devices need at their own rate."""
+    return math.ceil(row["limits"]["compute"] * cpu_s_per_sample)
+
+
+def remedies(cells: list[dict], catalog: list[Instance], store: str, decoded: str | None, loader: Loader,
+             storage: ObjectStore | None, workload: Workload, projections: dict[str, list[dict]], *,
+             accelerators: dict[str, Accelerator] | None = None, dbu: dict[str, DbuRate] | None = None) -> list[dict]:
+    """For the cheapest GPU instances on which ``store`` (encoded images) is decode-bound: the
+    vCPUs they need, and each remedy's row (None where the catalog has no candidate)."""
+    layout = store_layout(cells, store)
+    rows = [r for r in projections.get(store, []) if r["gpus"] and r["bottleneck"] == DECODE]
+    if layout is None or not rows:
+        return []
+    by_name = {i.name: i for i in catalog}
+    batch = next(c for c in cells if c["kind"] == "cell")["batch_size"]
+    dbu = dbu or {}
+
+    def row(machine: Machine, inst: Instance, lay=layout, threads: int | None = None) -> dict:
+        return projection_row(machine, lay, replace(loader, threads=threads or loader.threads), storage, batch,
+                              workload, inst, dbu=dbu.get(inst.cloud))
+
+    out = []
+    for today in sorted(rows, key=lambda r: (r["usd_per_job"] is None, r["usd_per_job"] or 0))[:SHOWN]:
+        inst = by_name[today["machine"]]
+        need = vcpus_needed(today, layout.cpu_s_per_sample)
+        bigger = _bigger(inst, need, catalog)
+        bigger_row = None
+        if bigger is not None:
+            bigger_row = row(machine_of_instance(bigger, cells, accelerators), bigger, threads=bigger.vcpus)
+        decoded_row = next((r for r in projections.get(decoded, []) if r["machine"] == inst.name), None) if decoded else None
+        out.append({"today": today, "vcpus_needed": need, "bigger": bigger_row, "decoded": decoded_row,
+                    "offload": _offload(inst, need, layout, cells, catalog, accelerators, row)})
+    return out
+
+
+def _bigger(inst: Instance, need: int, catalog: list[Instance]) -> Instance | None:
+    """The cheapest instance of the same cloud with the same GPUs and at least ``need`` vCPUs."""
+    fits = [i for i in catalog if i.cloud == inst.cloud and i.gpu_model == inst.gpu_model and i.gpus == inst.gpus
+            and i.vcpus >= need and i.on_demand is not None]
+    return min(fits, key=lambda i: i.on_demand, default=None)
+
+
+def _offload(inst: Instance, need: int, layout, cells, catalog, accelerators, row) -> dict | None:
+    """The GPU instance plus k CPU instances of the same cloud (the cheapest per vCPU) running
+    tf.data service workers: their vCPUs decode, at TensorFlow's CPU cost per sample."""
+    workers = [i for i in catalog if i.cloud == inst.cloud and not i.gpus and i.on_demand is not None]
+    if not workers:
+        return None
+    worker = min(workers, key=lambda i: (i.on_demand / i.vcpus, i.vcpus))
+    offload_need = math.ceil(need * OFFLOAD_CPU_FACTOR)
+    count = max(1, math.ceil(offload_need / worker.vcpus))
+    vcpus = count * worker.vcpus
+    gpu_machine = machine_of_instance(inst, cells, accelerators)
+    machine = replace(gpu_machine, name=f"{inst.name} + {count} x {worker.name}", vcpus=vcpus)
+    heavier = replace(layout, cpu_s_per_sample=layout.cpu_s_per_sample * OFFLOAD_CPU_FACTOR)
+    projected = row(machine, inst, heavier, threads=vcpus)
+    if projected["usd_per_hour"] is not None:
+        projected["usd_per_hour"] += hourly_cost(worker) * count
+        projected["usd_per_job"] = projected["usd_per_hour"] * projected["seconds"] / 3600
+        projected["usd_per_1k_samples"] = projected["usd_per_job"] / projected["seconds"] / projected["samples_per_s"] * 1000
+    projected.update(spot_usd_per_hour=None, spot_usd_per_job=None, workers=count, worker=worker.name,
+                     worker_vcpus=vcpus)
+    return projected
