@@ -42,6 +42,9 @@ STORES = tuple(dict.fromkeys(("blob", *FORMATS)))
 #: How a compacted store of an image folder holds its images (``convert --image-storage``).
 IMAGE_STORAGES = ("encoded", "decoded")
 REAL_NODES = ("cpu", "cuda")
+#: Ingest-only reads a store to the end of its epoch when it holds at most this many times the
+#: samples the timed window read: the reader may have read that much ahead already.
+FULL_PASS_FACTOR = 4
 #: What makes one cell (or one store's cells) fail without stopping the matrix.
 CELL_ERRORS = (TrainfeedError, RuntimeError, OSError)
 
@@ -225,32 +228,39 @@ def _no_step(done: int) -> None:
 
 def ingest_only(src: StoreSource, opts: ReaderOptions, steps: int, on_step: Callable[[int], None] = _no_step) -> dict:
     """The reader alone for ``steps`` batches after a warm-up batch (as the real run's first step
-    is warm-up): its wall rate, the process CPU-seconds it spent per sample (what the projection
-    model uses: a busy machine stretches wall time far more than CPU time) and, behind the
-    latency emulation, the requests it sent."""
-    store = open_store(src.path, src.fmt, opts)
+    is warm-up): its wall rate over the timed window, and what the projection model uses — the
+    process CPU-seconds and, behind the latency emulation, the requests and bytes per sample,
+    counted from opening the store to the end of the pass. A store small enough to be read ahead
+    into memory during the warm-up is read to the end of its epoch, so that every sample read is
+    a sample counted (a busy machine stretches wall time far more than CPU time)."""
     requests = _request_counter(src)
+    if requests:
+        requests.reset_stats()
+    cpu_open = time.process_time()
+    store = open_store(src.path, src.fmt, opts)
     tally = ReadTally()  # every sample read, the warm-up batch too: the digest covers them all
     batches = iter_batches(store, opts)
     first = next(batches, None)  # warm-up: opening, the first requests, filling the shuffle buffer
     if first is not None:
         tally.add(first)
-    if requests:
-        requests.reset_stats()
     with LoadMonitor(include_children=True) as load:
-        t0, cpu0 = time.perf_counter(), time.process_time()
+        t0 = time.perf_counter()
         for i, batch in enumerate(batches, 1):
             tally.add(batch)
             on_step(i + 1)
             if i >= steps - 1:  # steps in all, the warm-up batch included, as in the real run
                 break
-        seconds, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
+        seconds = time.perf_counter() - t0
     timed = tally.samples - (len(first.ids) if first is not None else 0)
     timed_bytes = tally.nbytes - (first.nbytes if first is not None else 0)
+    if store.samples <= FULL_PASS_FACTOR * tally.samples:
+        for batch in batches:
+            tally.add(batch)
+    cpu_s = time.process_time() - cpu_open
     return {"samples_per_s": timed / seconds if seconds and timed else None,
             "mb_per_s": timed_bytes / seconds / 1e6 if seconds and timed else None, "samples": tally.samples,
             "timed_samples": timed, "seconds": seconds, "cpu_s": cpu_s,
-            "cpu_s_per_sample": cpu_s / timed if timed else None,
+            "cpu_s_per_sample": cpu_s / tally.samples if tally.samples else None,
             "requests": requests.stats() if requests else None, "ids_labels_sha256": tally.digest,
             "load": load.summary()}
 

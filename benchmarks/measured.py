@@ -9,12 +9,13 @@ from .profiles import ObjectStore, load_object_store
 
 
 def layout_of(cell: dict) -> Layout:
-    """Per-sample read cost of the cell's store: host CPU-seconds from the ingest-only run's
-    process CPU time; bytes and bytes per request from the storage's request counters when the
-    emulation counted them, else from the layout (one request per small file, 8 MB parts)."""
+    """Per-sample read cost of the cell's store: host CPU-seconds from the ingest-only pass's
+    process CPU time; bytes and bytes per request from the storage's request counters over the
+    same pass when the emulation counted them, else from the layout (one request per small
+    file, 8 MB parts)."""
     ingest = cell["ingest_only"]
     requests = ingest.get("requests") or {}
-    samples = ingest.get("timed_samples") or 0
+    samples = ingest.get("samples") or 0
     if requests.get("gets") and samples:
         nbytes = requests["bytes"] / samples
         request_bytes = requests["bytes"] / requests["gets"]

@@ -39,9 +39,10 @@ BELOW_MODEL = 0.8
 def verdict(cell: dict) -> dict:
     """The bottleneck of one cell and concrete advice: the projection model's binding constraint
     for this machine (``model.project`` of the cell's measured quantities), unless the
-    measurements say otherwise: the node swapped, or the real run fell well below what the model
-    allows while other processes took CPU, or while the device should have been the limit (the
-    reader and the step competed for the CPU)."""
+    measurements say otherwise: the node swapped, or the device should have set the pace but the
+    real run fell well below it (the reader and the step, or other processes, took its CPU).
+    Other processes' load is a caveat of the figures (the cell's checks), not a bottleneck of
+    the pipeline."""
     proj = project(machine_of(cell), layout_of(cell), loader_of(cell), storage_of(cell), cell["batch_size"])
     real = cell["real"]
     r = real["samples_per_s"] or 0.0
@@ -50,7 +51,7 @@ def verdict(cell: dict) -> dict:
                 "pick an instance with more RAM or lower --workers / --shuffle-buffer"}
     cores = cell["env"]["cores"]
     load = real.get("load") or {}
-    if r < BELOW_MODEL * proj.samples_per_s and (load.get("contended") or proj.bottleneck == COMPUTE):
+    if r < BELOW_MODEL * proj.samples_per_s and proj.bottleneck == COMPUTE:
         others = "; ".join(load.get("reasons") or []) or "nothing else was busy"
         return {"bottleneck": "contention", "advice": f"the real run reached {r:,.0f} samples/s where its parts "
                 f"allow {proj.samples_per_s:,.0f} ({proj.bottleneck}-bound): the reader and the step compete for "

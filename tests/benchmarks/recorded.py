@@ -14,10 +14,10 @@ def cell(store: str = "parquet", node: str = "t4", framework: str = "torch", *, 
          swap_mb: float = 0.0, node_kind: str = "emulated", profile: str | None = None, backend: str = "local",
          workers: int = 4, io_concurrency: int | None = 8, batch_size: int = 10, flops_per_step: float = 1e12,
          sample_bytes: int = 4000, timeline: list[dict] | None = None, stages: dict | None = None,
-         cpu_ms: float = 0.1, requests: dict | None = None, timed_samples: int = 100,
+         cpu_ms: float = 0.1, requests: dict | None = None, samples: int = 100,
          cpu_step_s: float | None = None, contended: list[str] | None = None, accelerator: dict | None = None) -> dict:
     """One cell. ``cpu_ms``: the reader's CPU per sample; ``requests``: the emulation's counters
-    over the ingest-only window ({"gets", "bytes"}); ``cpu_step_s``: CPU-seconds of a step on a
+    over the ingest-only pass ({"gets", "bytes"}); ``cpu_step_s``: CPU-seconds of a step on a
     CPU node; ``contended``: the reasons the load monitor gave during the real run."""
     load = {"contended": bool(contended), "reasons": list(contended or [])}
     rec = {
@@ -31,7 +31,7 @@ def cell(store: str = "parquet", node: str = "t4", framework: str = "torch", *, 
         "env": {"cores": cores, "ram_gb": 16.0, "gpu": None},
         "compute_only": {"step_s": batch_size / compute, "samples_per_s": compute,
                          "how": "measured" if node_kind == "real" else "estimate", "cpu_s_per_step": cpu_step_s},
-        "ingest_only": {"samples_per_s": ingest, "timed_samples": timed_samples, "cpu_s_per_sample": cpu_ms / 1e3,
+        "ingest_only": {"samples_per_s": ingest, "samples": samples, "timed_samples": samples, "cpu_s_per_sample": cpu_ms / 1e3,
                         "requests": requests, "load": {"contended": False, "reasons": []}},
         "real": {"samples_per_s": real, "mb_per_s": real * sample_bytes / 1e6, "stall_fraction": stall,
                  "au": 1 - stall, "utilization": {"swap_used_mb_mean": swap_mb, "cpu_percent_mean": 50.0,

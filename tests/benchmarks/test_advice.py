@@ -29,10 +29,10 @@ def measured() -> list[dict]:
     common = dict(profile="azure-blob", batch_size=32, flops_per_step=T4_STEP, sample_bytes=360_000, cores=4)
     return [cell("blob", "t4", compute=80, cpu_ms=0.5, real=80, **common),
             cell("delta", "t4", compute=80, cpu_ms=0.2, real=80, requests={"gets": 9, "bytes": 72_000_000},
-                 timed_samples=200, **common),
+                 samples=200, **common),
             cell("blob", "cpu", node_kind="real", compute=4, cpu_step_s=16.0, cpu_ms=0.5, real=3.5, **common),
             cell("delta", "cpu", node_kind="real", compute=4, cpu_step_s=16.0, cpu_ms=0.2, real=3.9,
-                 requests={"gets": 9, "bytes": 72_000_000}, timed_samples=200, **common)]
+                 requests={"gets": 9, "bytes": 72_000_000}, samples=200, **common)]
 
 
 def instance(name, vcpus, gpus=0, model="", on_demand=None, spot=None, dbu=None, cloud="azure"):

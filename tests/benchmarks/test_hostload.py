@@ -126,16 +126,18 @@ def test_without_proc_stat(monkeypatch):
 
 def test_a_child_process_works_for_us_not_against_us():
     """A storage emulator the run started (here: a spinning child, alive through the window) is
-    part of the measurement with include_children: its CPU counts as ours, not as others'."""
+    part of the measurement with include_children: its CPU counts as ours, not as others'. Two
+    monitors watch the same window, so other load on the machine cancels out."""
     child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.2)
-        with LoadMonitor(interval=0.2, include_children=True) as mon:
+        with LoadMonitor(interval=0.2) as without, LoadMonitor(interval=0.2, include_children=True) as with_:
             time.sleep(1.0)
-        s = mon.summary()
+        a, b = without.summary(), with_.summary()
     finally:
         child.kill()
         child.wait()
-    assert s["children_cpu_s"] >= 0.5, s
-    if s["others_busy_pct"] is not None:
-        assert s["others_busy_pct"] < hostload.OTHERS_BUSY_PCT, s
+    assert b["children_cpu_s"] >= 0.1 and a["children_cpu_s"] == 0, (a, b)  # 0.1: however busy the machine
+    if a["others_busy_pct"] is not None:  # the child's share of the machine moves from others' to ours
+        share = 100 * b["children_cpu_s"] / (b["wall_s"] * b["cores"])
+        assert a["others_busy_pct"] - b["others_busy_pct"] >= share - 10, (a, b, share)

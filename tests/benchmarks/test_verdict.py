@@ -48,7 +48,7 @@ ROWS = [
     # 8 MB parts (80 MB in 10 GETs for 80 samples: 1 MB a sample): 20 ms + 133.3 ms = 153.3 ms a part, an eighth
     # of a part a sample, 8 in flight: 2.396 ms a sample, 417/s; latency (20 ms) is under half a request
     ("bandwidth, row groups", cell(compute=1000, real=410, profile="azure-blob", sample_bytes=10**6,
-                                   requests={"gets": 10, "bytes": 80 * 10**6}, timed_samples=80), "bandwidth",
+                                   requests={"gets": 10, "bytes": 80 * 10**6}, samples=80), "bandwidth",
      "bandwidth: 8 streams of 60 MB/s -> 417 samples/s of 1,000 KB, the device takes 1,000; allow more requests in "
      "flight (--io-concurrency), or store fewer bytes per sample (compression, smaller dtype)"),
     # concurrency is the reader's: 16 in flight halve the latency cost: 797/s
@@ -65,6 +65,11 @@ ROWS = [
     ("contention within the run", cell(compute=100, cpu_ms=1, real=79), "contention",
      "the real run reached 79 samples/s where its parts allow 100 (compute-bound): the reader and the step compete "
      "for 4 vCPUs (nothing else was busy); give the input pipeline its own cores, or rerun on an idle machine"),
+    # other processes slowed a storage-bound run: a caveat of its figures (checks), not its bottleneck
+    ("others' load leaves storage the bottleneck", cell("blob", compute=1000, real=200, profile="azure-blob",
+                                                        contended=["hypervisor steal 8%"]), "io-latency",
+     "storage latency: 4 KB requests at 20 ms first byte, 8 in flight -> 399 samples/s, the device takes 1,000; "
+     "repack into files of ~128 MB (convert --to delta) or allow more requests in flight (--io-concurrency)"),
     ("80% of the model is not contention", cell(compute=100, cpu_ms=1, real=80), "compute",
      f"compute-bound: the accelerator sets the pace (100 samples/s; reading alone could deliver 4,000). "
      f"{COMPUTE_ADVICE}"),
