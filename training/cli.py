@@ -124,13 +124,16 @@ def main_command(
                                  "of the area, aspect 3/4 to 4/3) and horizontal flip of every training image, drawn "
                                  "from (--seed, epoch, sample id), so any --workers gives the same batches. Never "
                                  "applied to --eval-data. Stores of decoded pixels are delivered as stored."),
-    data_service: Optional[str] = typer.Option(None, "--data-service", help="--framework tf, image folders (JPEG/PNG "
-                                               "files): grpc://HOST:PORT of a tf.data service dispatcher; reading, "
-                                               "decoding, resizing and augmenting then run on the service's workers "
-                                               "(other processes or machines, started with `python -m "
-                                               "trainfeed.training.data_service worker`), in TensorFlow ops (pixels "
-                                               "differ slightly from the Pillow path). Every sample once per epoch, "
-                                               "in no reproducible order; no --resume."),
+    data_service: Optional[str] = typer.Option(None, "--data-service", help="Image folders (JPEG/PNG files), "
+                                               "either --framework: grpc://HOST:PORT of a tf.data service "
+                                               "dispatcher; reading, decoding, resizing and augmenting then run on "
+                                               "the service's workers (other processes or machines, started with "
+                                               "`python -m trainfeed.training.data_service worker`), in TensorFlow "
+                                               "ops (pixels differ slightly from the Pillow path). The trainer "
+                                               "receives the batches as the service's client, so --framework torch "
+                                               "needs TensorFlow installed too (pip install 'trainfeed[tf]', "
+                                               "tensorflow-cpu). Every sample once per epoch, in no reproducible "
+                                               "order; one training process; no --resume."),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json to stdout."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:

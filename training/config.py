@@ -109,14 +109,17 @@ def check(cfg: TrainConfig) -> None:
 
 
 def check_data_service(cfg: TrainConfig) -> None:
-    from .service_input import dispatcher_host_port
+    """Both frameworks: the trainer is a tf.data service client, so TensorFlow must import here."""
+    from .service_input import dispatcher_host_port, require_tensorflow
 
-    if cfg.framework != "tf":
-        raise UsageError("--data-service is a tf.data service: use --framework tf")
     if cfg.resume:
         raise UsageError("--data-service does not combine with --resume: the service hands samples to its workers "
                          "in no fixed order, so a mid-epoch position cannot be resumed without repeats")
+    if distributed_env()[1] > 1:
+        raise UsageError("--data-service feeds one training process: each rank would get the whole epoch; "
+                         "run without torchrun/TorchDistributor, or without --data-service")
     dispatcher_host_port(cfg.data_service)
+    require_tensorflow()
 
 
 def check_folder(option: str, path: str) -> None:

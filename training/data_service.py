@@ -1,4 +1,4 @@
-"""Run a tf.data service on this machine, for ``train --framework tf --data-service``:
+"""Run a tf.data service on this machine, for ``train --data-service`` (either --framework):
 
     python -m trainfeed.training.data_service dispatcher --port 5050
     python -m trainfeed.training.data_service worker --dispatcher grpc://localhost:5050 --port 5051

@@ -1,6 +1,12 @@
-"""The input pipeline of ``train --framework tf --data-service ADDRESS``: read, decode, resize
-and augment run on the workers of a tf.data service (TensorFlow's own distributed input
+"""The input pipeline of ``train --data-service ADDRESS`` (both frameworks): read, decode,
+resize and augment run on the workers of a tf.data service (TensorFlow's own distributed input
 engine), not in the training process.
+
+The trainer is the service's client whatever ``--framework``: ``iter_batches`` yields the
+workers' batches as numpy arrays (``as_numpy_iterator``), (n, H, W, C) uint8 like every
+reader's, so both loops take them unchanged (PyTorch's ``to_inputs`` wraps them with
+``torch.from_numpy``; its model moves channels first itself). Hence TensorFlow must be
+installed beside PyTorch for ``--framework torch --data-service``.
 
 A service worker is another process, possibly on another machine: it runs the dataset's graph,
 never trainfeed's Python code (a ``from_generator`` or ``py_function`` pipeline cannot be
@@ -21,6 +27,8 @@ so every sample is delivered exactly once per epoch but batch composition is not
 """
 from __future__ import annotations
 
+import importlib
+import os
 import socket
 from typing import Iterator
 from urllib.parse import urlsplit
@@ -34,6 +42,17 @@ from .readers import Batch, ReaderOptions, Store
 
 PROCESSING_MODE = "distributed_epoch"  # every element of the source once per epoch, across all workers
 CONNECT_TIMEOUT_S = 5.0
+
+
+def require_tensorflow() -> None:
+    """The trainer is the service's client, whatever --framework: a usage error without TensorFlow."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        importlib.import_module("tensorflow")
+    except ImportError as exc:
+        raise UsageError(f"--data-service needs TensorFlow in the training process, also with --framework torch: "
+                         f"it receives the batches as a tf.data service client ({exc}); pip install "
+                         "'trainfeed[tf]' (tensorflow-cpu)") from None
 
 
 def dispatcher_host_port(address: str, option: str = "--data-service") -> tuple[str, int]:
@@ -126,7 +145,9 @@ def distributed(store: Store, opts: ReaderOptions, epoch: int, address: str | No
 
 
 def iter_batches(store: Store, opts: ReaderOptions, epoch: int, address: str) -> Iterator[Batch]:
-    """One epoch of training batches of ``opts.batch_size`` from the service's workers."""
+    """One epoch of training batches of ``opts.batch_size`` from the service's workers, as numpy
+    arrays for either framework. Writable, as every reader's: ``as_numpy_iterator`` may hand
+    read-only views of TF's tensors, which ``torch.from_numpy`` warns about (a copy if so)."""
     ds = distributed(store, opts, epoch, address).unbatch().batch(opts.batch_size, drop_remainder=opts.drop_last)
     for x, y, ids in ds.prefetch(2).as_numpy_iterator():
-        yield Batch(x, y, [i.decode() for i in ids])
+        yield Batch(np.require(x, requirements="W"), np.require(y, requirements="W"), [i.decode() for i in ids])
