@@ -27,8 +27,7 @@ from .redact import redact_url
 from .layout import DATASET_META, ID, LABEL, DatasetSchema, arrow_schema, checked_schema, schema_from_arrow
 from .options import Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows, pick_field
 from .location import Location, as_location
-from .parquet import Part, ids_in, piece_file, remote_row_group_pieces, row_group_pieces, row_group_samples, write_parts
-from .remote_io import open_fetcher
+from .parquet import Part, file_pieces, ids_in, piece_file, row_group_samples, write_parts
 from .upload import Uploader
 # A Delta table's files are Parquet: its codecs and its read side are Parquet's.
 from .parquet import COMPRESSION_LEVELS, COMPRESSIONS, DEFAULT_COMPRESSION, UNIT, read_labels, read_piece  # noqa: F401
@@ -338,21 +337,25 @@ def list_pieces(path, req: ReadRequest) -> Pieces:
     """The row groups of the live snapshot's files (at ``req.version`` if given), from the log;
     on object storage the log is read by delta-rs and the data files through fsspec."""
     loc = as_location(path, req.storage_options)
-    if req.version is not None:
-        latest = open_table(loc).version()
-        if not 0 <= req.version <= latest:
-            raise UsageError(f"--delta-version {req.version}: {loc.shown} has versions 0..{latest}")
-    table = open_table(loc, req.version)
+    table, files, sizes = live_files(loc, req.version)
     schema = read_schema(loc, req.version)
     spec = pick_field(schema, req.field_name, loc.shown)
-    if loc.local:
-        listing = row_group_pieces(schema, spec, table.file_uris())
-    else:
-        actions = pa.table(table.get_add_actions(flatten=True)).to_pydict()
-        files = [loc.file(p) for p in actions.get("path", [])]
-        sizes = dict(zip(files, (int(n) for n in actions.get("size_bytes", []))))
-        listing = remote_row_group_pieces(schema, spec, files, sizes,
-                                          open_fetcher(loc, req.io_concurrency, req.cache_dir, req.cache_limit))
+    listing = file_pieces(loc, schema, spec, files, sizes, req)
     listing.version = table.version()
     check_declared_rows(loc.shown, listing, {}, piece_file)
     return listing
+
+
+def live_files(loc: Location, version: int | None) -> tuple[DeltaTable, list[str], dict[str, int] | None]:
+    """The table at ``version`` (default: the latest), its live data files from the log and, on
+    object storage, their sizes (None locally)."""
+    if version is not None:
+        latest = open_table(loc).version()
+        if not 0 <= version <= latest:
+            raise UsageError(f"--delta-version {version}: {loc.shown} has versions 0..{latest}")
+    table = open_table(loc, version)
+    if loc.local:
+        return table, table.file_uris(), None
+    actions = pa.table(table.get_add_actions(flatten=True)).to_pydict()
+    files = [loc.file(p) for p in actions.get("path", [])]
+    return table, files, dict(zip(files, (int(n) for n in actions.get("size_bytes", []))))

@@ -23,7 +23,7 @@ from .layout import (ID, LABEL, MANIFEST, DatasetSchema, FieldSpec, arrow_schema
                      is_count, to_record_batch)
 from .options import (Columns, Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows, labels_array,
                       pick_field)
-from .location import as_location
+from .location import Location, as_location
 from .remote_io import Fetcher, RangeFile, open_fetcher
 from .sources import Sample
 
@@ -234,12 +234,20 @@ def list_pieces(path, req: ReadRequest) -> Pieces:
     schema = DatasetSchema.from_dict(manifest["schema"])
     spec = pick_field(schema, req.field_name, loc.shown)
     files = [loc.file(p["file"]) for p in manifest["parts"]]
-    listing = row_group_pieces(schema, spec, files) if loc.local else \
-        remote_row_group_pieces(schema, spec, files, loc.sizes(), open_fetcher(loc, req.io_concurrency, req.cache_dir,
-                                                                               req.cache_limit))
+    listing = file_pieces(loc, schema, spec, files, None if loc.local else loc.sizes(), req)
     declared = {loc.file(part["file"]): part.get("rows") for part in manifest["parts"]}
     check_declared_rows(loc.shown, listing, declared, piece_file)
     return listing
+
+
+def file_pieces(loc: Location, schema: DatasetSchema, spec: FieldSpec, files: list[str], sizes: dict[str, int] | None,
+                req: ReadRequest) -> Pieces:
+    """The row groups of ``files`` in ``loc``: read locally, or on object storage through range
+    requests (``sizes``: each file's size, from the caller's listing)."""
+    if loc.local:
+        return row_group_pieces(schema, spec, files)
+    return remote_row_group_pieces(schema, spec, files, sizes or {},
+                                   open_fetcher(loc, req.io_concurrency, req.cache_dir, req.cache_limit))
 
 
 def row_group_pieces(schema: DatasetSchema, spec: FieldSpec, files: list[str]) -> Pieces:
@@ -319,10 +327,13 @@ def read_piece(listing: Pieces, piece: tuple[str, int], handles: dict, empty=np.
     """One row group; a binary tensor column becomes a zero-copy view of its data buffer (all
     values have the same length, so the buffer is the stacked tensors). ``handles``: open
     files kept by the caller (one dict per reading thread). ``empty``: unused (Arrow allocates)."""
+    return table_columns(read_row_group(listing, piece, [ID, LABEL, listing.spec.name], handles), listing.spec)
+
+
+def read_row_group(listing: Pieces, piece: tuple[str, int], columns: list[str], handles: dict) -> pa.Table:
+    """``columns`` of one row group (on object storage, fetched in one range request)."""
     f, rg = piece
-    columns = [ID, LABEL, listing.spec.name]
-    return table_columns(_parquet_file(listing, f, handles, columns, rg).read_row_group(rg, columns=columns),
-                         listing.spec)
+    return _parquet_file(listing, f, handles, columns, rg).read_row_group(rg, columns=columns)
 
 
 def table_columns(table: pa.Table, spec: FieldSpec) -> Columns:
@@ -347,8 +358,8 @@ def ids_in(listing: Pieces, files: list[str]) -> set[str]:
     return {i for f in files for i in _parquet_file(listing, f, {}).read(columns=[ID]).column(ID).to_pylist()}
 
 
-def read_labels(listing: Pieces) -> Iterator[np.ndarray]:
-    """The label column of each data file (-1 where unlabeled)."""
+def read_labels(listing: Pieces, column_name: str = LABEL) -> Iterator[np.ndarray]:
+    """The label column (``column_name``) of each data file (-1 where unlabeled)."""
     for f in listing.files:
-        column = _parquet_file(listing, f, {}).read(columns=[LABEL]).column(LABEL).combine_chunks()
+        column = _parquet_file(listing, f, {}).read(columns=[column_name]).column(column_name).combine_chunks()
         yield labels_array(column.to_numpy(zero_copy_only=False))

@@ -856,3 +856,23 @@ def test_s3_credentials_from_the_environment_are_not_written(request, tmp_path):
     assert read_independently(s3, bucket, "store.delta", "delta").rows == truth_rows(truth)
     written = {**files_under(tmp_path), **{f"s3://{bucket}/{k}": v for k, v in s3.objects(bucket).items()}}
     assert_no_secret(s3.secrets, res, written)
+
+
+@pytest.mark.parametrize("backend_name, fmt, encoding", [on("s3", "parquet", "npy"), on("s3", "delta", "list"),
+                                                         on("azurite", "parquet", "raw"), on("azurite", "delta", "npy")])
+def test_a_foreign_table_on_object_storage_reads_bit_for_bit(request, tmp_path, backend_name, fmt, encoding):
+    """Issue #13: a table another tool wrote (Parquet files and Spark's _SUCCESS; a Delta table)
+    uploaded as is, read with --tensor-column & co. through the same remote reader."""
+    from tests.training.test_foreign import arrow_table, epoch, open_table, samples, write_delta, write_parquet
+
+    backend = get_backend(request, backend_name)
+    local = (write_parquet if fmt == "parquet" else write_delta)(tmp_path / "table", arrow_table(encoding))
+    bucket = backend.new_bucket("byot")
+    backend.fs().put(f"{local}/", f"{bucket}/table/", recursive=True)
+    store = open_table(backend.url(bucket, "table"), id_column="sample_id", storage_options=backend.options)
+    assert not store.reader.local and store.format == fmt and len(store.reader.pieces) >= 7
+    xs, labels, ids = samples()
+    x, y, got = epoch(store, seed=5)
+    order = [ids.index(i) for i in got]
+    assert sorted(got) == ids and np.array_equal(x.view(np.uint32), xs[order].view(np.uint32))
+    assert np.array_equal(y, labels[order])

@@ -23,6 +23,7 @@ from trainfeed.converters import __version__
 
 if TYPE_CHECKING:
     from trainfeed.converters.errors import TrainfeedError, UsageError
+    from trainfeed.converters.foreign import ForeignSchema
     from trainfeed.training.config import TrainConfig
     from trainfeed.training.readers import Batch
 
@@ -39,10 +40,11 @@ _API = {
     "Batch": "trainfeed.training.readers", "TorchDataset": ".torch_data", "tf_dataset": ".tf_data",
     "train": ".trainer", "TrainConfig": "trainfeed.training.config", "TrainResult": ".trainer",
     "TrainfeedError": "trainfeed.converters.errors", "UsageError": "trainfeed.converters.errors",
+    "ForeignSchema": "trainfeed.converters.foreign",
 }
 
 __all__ = ["__version__", "convert", "ConvertResult", "open_store", "Store", "Batch", "TorchDataset", "tf_dataset",
-           "train", "TrainConfig", "TrainResult", "TrainfeedError", "UsageError"]
+           "train", "TrainConfig", "TrainResult", "TrainfeedError", "UsageError", "ForeignSchema"]
 
 
 def __getattr__(name: str) -> Any:

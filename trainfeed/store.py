@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterator, Literal, Mapping
 
+from trainfeed.converters.foreign import foreign_schema
 from trainfeed.training import readers
 from trainfeed.training.readers import Batch, ReaderOptions
 
 Format = Literal["parquet", "delta", "hdf5", "blob"]
+Encoding = Literal["auto", "npy", "raw", "list"]
 Pool = Literal["arrow", "sharded", "process", "thread", "dummy"]
 
 
@@ -84,15 +86,24 @@ class Store:
 def open_store(uri: str, *, version: int | None = None, storage_options: Mapping[str, str] | None = None,
                format: Format | None = None, field: str | None = None, labels: str | None = None,
                io_concurrency: int = 8, cache_dir: str | None = None, cache_limit: int = 10 * 10**9,
-               image_size: tuple[int, int] | None = None) -> Store:
+               image_size: tuple[int, int] | None = None, tensor_column: str | None = None,
+               shape: str | tuple[int, ...] | None = None, dtype: str | None = None, label_column: str | None = None,
+               id_column: str | None = None, tensor_encoding: Encoding | None = None) -> Store:
     """Open the store at ``uri`` (a local path or a URL: abfs://, az://, abfss://, s3://, gs://):
     its format detected unless given, a Delta table at ``version`` (default: the latest), the
     tensor ``field`` (default: the first); ``labels`` is a CSV (id,label) for a folder of small
     files. On object storage, ``io_concurrency`` range requests are in flight, and ``cache_dir``
     (at most ``cache_limit`` bytes) keeps what is read for later epochs. Encoded images are
-    decoded to ``image_size`` (height, width; default: the store's size). Raises
-    ``TrainfeedError`` naming the problem."""
+    decoded to ``image_size`` (height, width; default: the store's size).
+
+    A Parquet or Delta table another tool wrote is read when ``tensor_column`` names its tensor
+    column: ``shape`` (a tuple or "30x30x10x10") and ``dtype`` (default float32) of one sample,
+    ``label_column`` (default "label", integers), ``id_column`` (default: ids ``row-<n>``, the
+    row's position in the table) and ``tensor_encoding`` (auto, npy, raw or list; see the README,
+    "Train from your own table"). Raises ``TrainfeedError`` naming the problem (``UsageError``
+    for options that do not fit together)."""
     opts = ReaderOptions(delta_version=version, field_name=field, labels_csv=labels,
                          storage_options=dict(storage_options or {}), io_concurrency=io_concurrency,
-                         cache_dir=cache_dir, cache_limit=cache_limit, image_size=image_size)
+                         cache_dir=cache_dir, cache_limit=cache_limit, image_size=image_size,
+                         foreign=foreign_schema(tensor_column, shape, dtype, label_column, id_column, tensor_encoding))
     return Store(readers.open_store(uri, format, opts), opts)

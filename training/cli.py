@@ -10,6 +10,8 @@ import typer
 
 from trainfeed.converters.cli import parse_resize
 from trainfeed.converters.cli_common import exit_codes, parse_storage_options
+from trainfeed.converters.foreign import ENCODINGS, foreign_schema
+from trainfeed.converters.layout import SUPPORTED_DTYPES
 from trainfeed.converters.options import parse_size
 from trainfeed.converters.redact import redact, redact_json
 from trainfeed.converters.stores import FORMATS
@@ -32,6 +34,8 @@ class Device(str, Enum):
 
 Fmt = Enum("Fmt", {name: name for name in FORMATS}, type=str)
 Pool = Enum("Pool", {name: name for name in POOLS}, type=str)
+TensorEncoding = Enum("TensorEncoding", {name: name for name in ENCODINGS}, type=str)
+Dtype = Enum("Dtype", {name: name for name in SUPPORTED_DTYPES}, type=str)
 
 
 def run(cfg: TrainConfig) -> dict:
@@ -62,12 +66,14 @@ def _human(s: dict) -> str:
 
 @app.command(help="Train the ResNet-18 (3D for (X, Y, Z, C) volume stores, 2D for (H, W, C) or greyscale (H, W) "
                   "image stores; encoded JPEG/PNG images are decoded while reading) from a Parquet, Delta, HDF5 "
-                  "store or the original small files (blob), and report data wait vs compute for every step. "
+                  "store, the original small files (blob) or, with --tensor-column, a Parquet or Delta table another "
+                  "tool wrote, and report data wait vs compute for every step. "
                   "Writes summary.json, steps.jsonl and utilization.jsonl to --out. "
                   "Exit codes: 0 ok (also after SIGTERM: a checkpoint is saved), 1 data/runtime error, 2 usage.")
 def main_command(
-    data: str = typer.Option(..., "--data", help="A store (Parquet, Delta, HDF5) or a folder of small files (blob): "
-                             "a local path or a URL (abfs://, az://, abfss://, s3://, gs://, file://)."),
+    data: str = typer.Option(..., "--data", help="A store (Parquet, Delta, HDF5), a folder of small files (blob), "
+                             "or with --tensor-column a Parquet or Delta table another tool wrote: a local path "
+                             "or a URL (abfs://, az://, abfss://, s3://, gs://, file://)."),
     fmt: Optional[Fmt] = typer.Option(None, "--format", help="Force the format instead of detecting it."),
     framework: Framework = typer.Option(Framework.torch, "--framework"),
     device: Device = typer.Option(Device.cpu, "--device", help="cuda: pinned memory, non-blocking copies, "
@@ -134,6 +140,25 @@ def main_command(
                                                "needs TensorFlow installed too (pip install 'trainfeed[tf]', "
                                                "tensorflow-cpu). Every sample once per epoch, in no reproducible "
                                                "order; one training process; no --resume."),
+    tensor_column: Optional[str] = typer.Option(None, "--tensor-column", help="--data is a Parquet folder or file "
+                                                "or a Delta table another tool (Spark) wrote: the column holding each "
+                                                "sample's tensor (.npy bytes, raw bytes or a list of numbers; see "
+                                                "--tensor-encoding). Needs --shape."),
+    shape: Optional[str] = typer.Option(None, "--shape", help="With --tensor-column: one sample's shape, e.g. "
+                                        "30x30x10x10."),
+    dtype: Optional[Dtype] = typer.Option(None, "--dtype", help="With --tensor-column: the tensor's dtype "
+                                          "(default float32)."),
+    label_column: Optional[str] = typer.Option(None, "--label-column", help="With --tensor-column: the integer "
+                                               "label column (default: label)."),
+    id_column: Optional[str] = typer.Option(None, "--id-column", help="With --tensor-column: a column of sample "
+                                            "ids (any type, shown as text). Default: row-N, the row's position in "
+                                            "the table (files in name order; Delta: the log's order)."),
+    tensor_encoding: Optional[TensorEncoding] = typer.Option(None, "--tensor-encoding", help="With "
+                                                             "--tensor-column: npy (each value a whole .npy file), "
+                                                             "raw (little-endian bytes of --shape x --dtype), list "
+                                                             "(an array of numbers), or auto (default: list for "
+                                                             "list columns, else npy when the first value starts "
+                                                             "with the .npy magic, else raw)."),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json to stdout."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
@@ -147,6 +172,8 @@ def main_command(
             warmup_steps=warmup_steps, storage_options=parse_storage_options(storage_option), progress=progress,
             io_concurrency=io_concurrency, cache_dir=cache_dir, cache_limit=parse_size(cache_limit, "--cache-limit"),
             image_size=parse_resize(image_size, "--image-size"), augment=augment, data_service=data_service,
+            foreign=foreign_schema(tensor_column, shape, dtype.value if dtype else None, label_column, id_column,
+                                   tensor_encoding.value if tensor_encoding else None),
         )
         summary = run(cfg)
     typer.echo(redact_json(summary) if as_json else redact(_human(summary)))

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
+from trainfeed.converters.foreign import ForeignSchema
 
 Framework = Literal["torch", "tf"]
 Device = Literal["cpu", "cuda"]
@@ -50,6 +51,7 @@ class TrainConfig:
     image_size: tuple[int, int] | None = None  # encoded images: (H, W) to decode to; default: the store's size
     augment: bool = True  # encoded images: random resized crop + horizontal flip while training (not evaluating)
     data_service: str | None = None  # grpc://HOST:PORT of a tf.data service dispatcher: input runs on its workers
+    foreign: ForeignSchema | None = None  # --data is a table another tool wrote: its columns (--tensor-column ...)
     progress: bool = True
 
     def to_dict(self) -> dict:

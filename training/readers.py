@@ -8,6 +8,9 @@ per sample; resumable at any batch without re-reading). The Petastorm pools ("sh
 "process", "thread", "dummy") read Parquet and Delta stores through Petastorm, an optional
 extra (``training/petastorm_reader.py``); HDF5 and blob stores always use the engine.
 
+A Parquet or Delta table another tool wrote is read when ``ReaderOptions.foreign`` names its
+columns (``converters/foreign_table.py``): the same row-group pieces and engine, arrow pool only.
+
 Every reader shards by rank the same way (pieces -> ``index % num_shards == shard``).
 Encoded images (JPEG/PNG bytes) are decoded by the engine's threads as each piece is read
 (``training/images.py``).
@@ -24,9 +27,10 @@ from typing import Iterator
 
 import numpy as np
 
-from trainfeed.converters import remote_io
+from trainfeed.converters import delta, foreign_table, remote_io
 from trainfeed.converters.errors import TrainfeedError, UsageError
-from trainfeed.converters.location import is_remote, locate
+from trainfeed.converters.foreign import HINT as FOREIGN_HINT, ForeignSchema
+from trainfeed.converters.location import Location, is_remote, locate
 from trainfeed.converters.layout import DatasetSchema, FieldSpec
 from trainfeed.converters.options import Columns, ReadRequest
 from trainfeed.converters.stores import FORMATS as REGISTRY, detect_format
@@ -59,6 +63,8 @@ class ReaderOptions:
     # encoded images: the size (H, W) they are decoded to (default: the store's), and training augmentation
     image_size: tuple[int, int] | None = None
     augment: bool = False
+    # a table another tool wrote: its columns and tensor encoding (None: a trainfeed store or small files)
+    foreign: ForeignSchema | None = None
 
 
 @dataclass
@@ -86,6 +92,7 @@ class Store:
     extra: dict = field(default_factory=dict)
     local: bool = True  # False: on object storage (read through range requests)
     images: images.Decoding | None = None  # encoded images: how they are decoded
+    foreign: ForeignSchema | None = None  # a table another tool wrote, read as these options say
 
     @property
     def sample_spec(self) -> FieldSpec:
@@ -98,8 +105,8 @@ class Store:
 
     @property
     def module(self):
-        """The format's module in the registry (its read side)."""
-        return REGISTRY[self.fmt]
+        """The read side: the format's module in the registry, or the foreign-table reader."""
+        return foreign_table if self.foreign else REGISTRY[self.fmt]
 
     def shard_pieces(self, shard: int, num_shards: int) -> list[int]:
         return [i for i in range(len(self.pieces)) if i % num_shards == shard]
@@ -123,6 +130,8 @@ def open_store(path: str, fmt: str | None = None, opts: ReaderOptions = ReaderOp
     if opts.io_concurrency < 1:
         raise UsageError(f"--io-concurrency must be at least 1, not {opts.io_concurrency}")
     remote = is_remote(path)
+    if opts.foreign is not None:
+        fmt = _foreign_format(path, fmt, opts)
     detected = fmt is None
     fmt = fmt or detect(path, opts.storage_options)
     if opts.delta_version is not None and fmt != "delta":
@@ -135,19 +144,23 @@ def open_store(path: str, fmt: str | None = None, opts: ReaderOptions = ReaderOp
     if module.writable and not location.exists():
         raise TrainfeedError(f"{location.shown}: store not found")
     if detected and fmt == "blob":
-        _check_not_an_unfinished_store(location)
+        _check_sample_folder(location)
     request = ReadRequest(opts.field_name, opts.delta_version, opts.labels_csv, opts.storage_options,
                           opts.io_concurrency, opts.cache_dir, opts.cache_limit)
     try:
-        listing = module.list_pieces(path if fmt == "blob" else location, request)
+        if opts.foreign is not None:
+            listing = foreign_table.list_pieces(location, fmt, request, opts.foreign)
+        else:
+            listing = module.list_pieces(path if fmt == "blob" else location, request)
     except TrainfeedError:
         raise
     except (OSError, ValueError, KeyError) as exc:
-        raise TrainfeedError(f"{location.shown}: cannot open as a {fmt} store: {exc}") from exc
+        hint = f"; {FOREIGN_HINT}" if opts.foreign is None and _foreign_delta(location, fmt) else ""
+        raise TrainfeedError(f"{location.shown}: cannot open as a {fmt} store: {exc}{hint}") from exc
     store_path = path if remote or not module.writable else location.path
     store = Store(store_path, fmt, listing.schema, listing.spec, listing.pieces, listing.rows, listing.version,
                   {**listing.extra, "files": listing.files, "listing": listing, "root": location.path},
-                  local=not remote)
+                  local=not remote, foreign=opts.foreign)
     if not listing.spec.is_raw:
         if uses_petastorm(store, opts):
             raise UsageError(f"--reader-pool {opts.pool}: {location.shown} holds encoded images, which the default "
@@ -156,18 +169,47 @@ def open_store(path: str, fmt: str | None = None, opts: ReaderOptions = ReaderOp
     return store
 
 
-def _check_not_an_unfinished_store(location) -> None:
+def _foreign_format(path: str, fmt: str | None, opts: ReaderOptions) -> str:
+    """The format of a table read with ``opts.foreign``: Parquet or Delta (detected by its log),
+    and what does not combine with reading one."""
+    if fmt not in (None, "parquet", "delta"):
+        raise UsageError(f"--tensor-column reads Parquet and Delta tables, not --format {fmt}")
+    if opts.pool != "arrow":
+        raise UsageError(f"--reader-pool {opts.pool}: a table read with --tensor-column is read by the default "
+                         "pool, arrow")
+    if opts.labels_csv:
+        raise UsageError("--labels is for folders of small files; a table's labels are its --label-column")
+    if opts.field_name not in (None, opts.foreign.tensor_column):
+        raise UsageError(f"--field {opts.field_name!r} names a field of a trainfeed store; with --tensor-column "
+                         f"the tensor is column {opts.foreign.tensor_column!r}")
+    return fmt or ("delta" if delta.is_store(locate(path, opts.storage_options)) else "parquet")
+
+
+def _foreign_delta(location: Location, fmt: str) -> bool:
+    """Whether a store that cannot be opened is a Delta table trainfeed did not write."""
+    try:
+        return fmt == "delta" and not delta.written_by_trainfeed(location)
+    except ValueError:
+        return False
+
+
+def _check_sample_folder(location) -> None:
     """A path that is no store is read as a folder of small files; say plainly when it is
-    nothing at all, or the data files of a store without its commit record."""
+    nothing at all, the data files of a store without its commit record, or Parquet that
+    another tool wrote."""
     if not location.exists():
         raise TrainfeedError(f"{location.shown}: not found (no store and no folder of sample files there)")
-    if location.fs.isdir(location.path):
-        names = location.names()
-        data = [n for n in names if n.endswith((".parquet", ".h5", ".hdf5"))]
-        if data and len(data) == len(names):
-            raise TrainfeedError(f"{location.shown}: not a complete store: {len(data)} data files but no "
-                                 "_trainfeed.json manifest or Delta log (the parts of an interrupted conversion?); "
-                                 "convert again")
+    if not location.fs.isdir(location.path):
+        if location.path.endswith(".parquet"):
+            raise TrainfeedError(f"{location.shown}: a Parquet file that is not a trainfeed store; {FOREIGN_HINT}")
+        return
+    names = [n for n in location.names() if not n.startswith(("_", "."))]  # Spark's _SUCCESS, checksums
+    data = [n for n in names if n.endswith((".parquet", ".h5", ".hdf5"))]
+    if data and len(data) == len(names):
+        foreign = any(n.endswith(".parquet") for n in data)
+        raise TrainfeedError(f"{location.shown}: not a complete store: {len(data)} data files but no "
+                             "_trainfeed.json manifest or Delta log (the parts of an interrupted conversion?); "
+                             "convert again" + (f"; {FOREIGN_HINT}" if foreign else ""))
 
 
 def check_sharding(store: Store, num_shards: int, batch_size: int) -> int:
@@ -193,6 +235,9 @@ def epoch_plan(store: Store, opts: ReaderOptions, epoch: int = 0) -> engine.Epoc
 
 
 def uses_petastorm(store: Store, opts: ReaderOptions) -> bool:
+    if store.foreign is not None and opts.pool != "arrow":
+        raise UsageError(f"--reader-pool {opts.pool}: a table read with --tensor-column is read by the default "
+                         "pool, arrow")
     return opts.pool in petastorm_reader.POOLS and store.fmt in ("parquet", "delta")
 
 

@@ -46,7 +46,7 @@ def reader_options(cfg: TrainConfig, rank: int = 0, world: int = 1, shuffle: boo
                          delta_version=cfg.delta_version, field_name=cfg.field_name, labels_csv=cfg.labels_csv,
                          storage_options=cfg.storage_options, io_concurrency=cfg.io_concurrency,
                          cache_dir=cfg.cache_dir, cache_limit=cfg.cache_limit, image_size=cfg.image_size,
-                         augment=cfg.augment)
+                         augment=cfg.augment, foreign=cfg.foreign)
 
 
 def eval_options(cfg: TrainConfig, field_name: str) -> ReaderOptions:

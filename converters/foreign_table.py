@@ -1,0 +1,99 @@
+"""The read side of training for a Parquet or Delta table another tool wrote, described by a
+``ForeignSchema`` (converters/foreign.py): the same pieces as trainfeed's own stores (row groups,
+listed and fetched by converters/parquet.py, locally or on object storage), each read as the
+named columns and decoded.
+
+Which files: a Parquet folder's ``*.parquet`` files directly in it, by name (names starting
+with ``_`` or ``.`` skipped: Spark's ``_SUCCESS``, checksums), or the one file given; a Delta
+table's live snapshot from its log. Without an id column, a sample's id is ``row-<n>``, its
+position in the table in that file order, counting from 0.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from . import delta, parquet
+from .errors import TrainfeedError
+from .foreign import ForeignSchema, check_columns, decode_ids, decode_tensors, resolve_encoding
+from .location import Location
+from .options import Columns, Pieces, ReadRequest, labels_array
+from .parquet import read_row_group
+
+UNIT = parquet.UNIT
+piece_file = parquet.piece_file
+
+
+@dataclass(frozen=True)
+class ForeignRead:
+    """What reading a piece needs beyond the listing: the options, the encoding they resolve to
+    for this table, and the table-wide row number of each piece's first row (for ``row-<n>`` ids)."""
+
+    foreign: ForeignSchema
+    encoding: str
+    first_rows: dict
+
+
+def list_pieces(loc: Location, fmt: str, req: ReadRequest, foreign: ForeignSchema) -> Pieces:
+    """The row groups of the table at ``loc`` (``fmt``: parquet or delta), every file's columns
+    checked against ``foreign``, and the first row group decoded (its values must fit too)."""
+    schema = foreign.dataset_schema(loc.shown)
+    spec = schema.fields[0]
+    if fmt == "delta":
+        table, files, sizes = delta.live_files(loc, req.version)
+        listing = parquet.file_pieces(loc, schema, spec, files, sizes, req)
+        listing.version = table.version()
+    else:
+        files, sizes = _parquet_files(loc)
+        listing = parquet.file_pieces(loc, schema, spec, files, sizes, req)
+    if not listing.pieces or not sum(listing.rows):
+        raise TrainfeedError(f"{loc.shown}: the table holds no rows")
+    for f in listing.files:
+        check_columns(foreign, _arrow_schema(listing, f), _shown(loc, f))
+    schema.samples = sum(listing.rows)
+    starts = np.cumsum([0, *listing.rows[:-1]]).tolist()
+    first = read_row_group(listing, listing.pieces[0], [foreign.tensor_column], {}).column(foreign.tensor_column)
+    listing.extra["foreign"] = ForeignRead(foreign, resolve_encoding(foreign, first.combine_chunks()),
+                                           dict(zip(listing.pieces, starts)))
+    read_piece(listing, listing.pieces[0], {})
+    return listing
+
+
+def _parquet_files(loc: Location) -> tuple[list[str], dict[str, int] | None]:
+    """The data files of a Parquet folder (or the file itself) and, on object storage, their sizes."""
+    if loc.is_file():
+        return [loc.path], None if loc.local else {loc.path: int(loc.fs.info(loc.path)["size"])}
+    sizes = loc.sizes()
+    files = sorted(f for f in sizes if f.rsplit("/", 1)[-1].endswith(".parquet")
+                   and not f.rsplit("/", 1)[-1].startswith(("_", ".")))
+    if not files:
+        raise TrainfeedError(f"{loc.shown}: no Parquet files (*.parquet) directly in this folder")
+    return files, None if loc.local else sizes
+
+
+def _arrow_schema(listing: Pieces, f: str):
+    remote = listing.extra.get("remote")
+    return remote.footers[f].schema.to_arrow_schema() if remote else pq.read_schema(f)
+
+
+def _shown(loc: Location, f: str) -> str:
+    """A data file as messages show it: the table itself when it is the one file."""
+    return loc.shown if f == loc.path else f"{loc.shown}/{f.rsplit('/', 1)[-1]}"
+
+
+def read_piece(listing: Pieces, piece: tuple[str, int], handles: dict, empty=np.empty) -> Columns:
+    """One row group's named columns, decoded."""
+    read: ForeignRead = listing.extra["foreign"]
+    foreign, where = read.foreign, f"{piece[0]} (row group {piece[1]})"
+    table = read_row_group(listing, piece, foreign.columns, handles)
+    x = decode_tensors(foreign, read.encoding, table.column(foreign.tensor_column), where, empty)
+    labels = labels_array(table.column(foreign.label_column).to_numpy())
+    return Columns(decode_ids(foreign, table, read.first_rows[piece], where), labels, x)
+
+
+def read_labels(listing: Pieces) -> Iterator[np.ndarray]:
+    """The label column of each data file (-1 where null)."""
+    return parquet.read_labels(listing, listing.extra["foreign"].foreign.label_column)
