@@ -48,8 +48,10 @@ def remedies(cells: list[dict], catalog: list[Instance], store: str, decoded: st
         need = vcpus_needed(today, layout.cpu_s_per_sample)
         bigger = _bigger(inst, need, catalog)
         bigger_row = None
-        if bigger is not None:
-            bigger_row = row(machine_of_instance(bigger, cells, accelerators), bigger, threads=bigger.vcpus)
+        if bigger is not None:  # with enough reader threads: the instance's vCPUs, or what the pipeline needs
+            threads = min(bigger.vcpus, max(need, loader.threads))
+            bigger_row = row(machine_of_instance(bigger, cells, accelerators), bigger, threads=threads)
+            bigger_row["workers"] = threads
         decoded_row = next((r for r in projections.get(decoded, []) if r["machine"] == inst.name), None) if decoded else None
         out.append({"today": today, "vcpus_needed": need, "bigger": bigger_row, "decoded": decoded_row,
                     "offload": _offload(inst, need, layout, cells, catalog, accelerators, row)})
@@ -57,21 +59,24 @@ def remedies(cells: list[dict], catalog: list[Instance], store: str, decoded: st
 
 
 def _bigger(inst: Instance, need: int, catalog: list[Instance]) -> Instance | None:
-    """The cheapest instance of the same cloud with the same GPUs and at least ``need`` vCPUs."""
+    """The cheapest instance of the same cloud with the same GPUs and at least ``need`` vCPUs
+    (the instance itself when it has them: then more reader threads are the remedy)."""
     fits = [i for i in catalog if i.cloud == inst.cloud and i.gpu_model == inst.gpu_model and i.gpus == inst.gpus
             and i.vcpus >= need and i.on_demand is not None]
     return min(fits, key=lambda i: i.on_demand, default=None)
 
 
 def _offload(inst: Instance, need: int, layout, cells, catalog, accelerators, row) -> dict | None:
-    """The GPU instance plus k CPU instances of the same cloud (the cheapest per vCPU) running
-    tf.data service workers: their vCPUs decode, at TensorFlow's CPU cost per sample."""
+    """The GPU instance plus k CPU instances of the same cloud (the cheapest fleet with the vCPUs
+    needed) running tf.data service workers: their vCPUs decode, at TensorFlow's CPU cost per
+    sample."""
     workers = [i for i in catalog if i.cloud == inst.cloud and not i.gpus and i.on_demand is not None]
     if not workers:
         return None
-    worker = min(workers, key=lambda i: (i.on_demand / i.vcpus, i.vcpus))
     offload_need = math.ceil(need * OFFLOAD_CPU_FACTOR)
-    count = max(1, math.ceil(offload_need / worker.vcpus))
+    # the cheapest fleet that has the vCPUs: k of one CPU instance type
+    count, worker = min(((max(1, math.ceil(offload_need / w.vcpus)), w) for w in workers),
+                        key=lambda kw: (kw[0] * kw[1].on_demand, kw[0] * kw[1].vcpus))
     vcpus = count * worker.vcpus
     gpu_machine = machine_of_instance(inst, cells, accelerators)
     machine = replace(gpu_machine, name=f"{inst.name} + {count} x {worker.name}", vcpus=vcpus)

@@ -349,7 +349,7 @@ def _remedies_section(advice) -> list[str]:
     lines = ["## The preprocessing bottleneck: remedies", "",
              "Where decoding encoded images on the instance's vCPUs cannot keep its GPUs busy: the vCPUs this "
              "pipeline needs at the GPUs' rate, and three remedies projected with the same model — an instance "
-             "with more vCPUs per GPU (reader threads = its vCPUs), storing decoded pixels (more bytes, no "
+             "with enough vCPUs per GPU and reader threads (`--workers`) to use them, storing decoded pixels (more bytes, no "
              "decode), and offloading preprocessing to CPU instances running tf.data service workers "
              "(`train --data-service`; TensorFlow's decode costs ~2.7x Pillow's CPU per image, `make "
              "bench-decode`). Times and $ per job (on demand).", ""]
@@ -359,7 +359,8 @@ def _remedies_section(advice) -> list[str]:
         for fix in rows:
             t = fix["today"]
             lines.append(f"| {t['cloud']} {t['machine']} | {_when(t)} | {t['vcpus']} / {fix['vcpus_needed']} | "
-                         + (f"{fix['bigger']['machine']}: {_when(fix['bigger'])}" if fix["bigger"] else "none in the catalog")
+                         + (f"{fix['bigger']['machine']} --workers {fix['bigger']['workers']}: {_when(fix['bigger'])}"
+                            if fix["bigger"] else "none in the catalog")
                          + " | " + (_when(fix["decoded"]) if fix["decoded"] else "not measured (--image-storage decoded)")
                          + " | " + (f"{fix['offload']['workers']} x {fix['offload']['worker']}: {_when(fix['offload'])}"
                                     if fix["offload"] else "no CPU instance priced")

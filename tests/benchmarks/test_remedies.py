@@ -57,6 +57,9 @@ def test_remedies_for_a_decode_bound_gpu_instance():
     assert off["samples_per_s"] == pytest.approx(320) and off["bottleneck"] == "compute"
     assert off["limits"]["decode"] == pytest.approx(24 / (0.025 * OFFLOAD_CPU_FACTOR))
     assert off["usd_per_job"] == pytest.approx(2.2 * 300 / 3600)
+    # an instance that has the vCPUs already needs only the reader threads to use them
+    mid = fixes[1]["bigger"]
+    assert (mid["machine"], mid["workers"], mid["samples_per_s"]) == ("g-mid", 8, pytest.approx(320))
 
 
 def test_the_report_shows_the_vcpus_needed_and_the_remedies(tmp_path):
@@ -73,6 +76,6 @@ def test_the_report_shows_the_vcpus_needed_and_the_remedies(tmp_path):
     report.build(str(tmp_path), target_samples=96_000, target_epochs=1, catalog=csv)
     md = (tmp_path / "report.md").read_text()
     assert "## The preprocessing bottleneck: remedies" in md
-    assert ("| aws g-small | 10 min, $0.17 (decode) | 4 / 8 | g-mid: 5 min, $0.12 (compute) | 5 min, $0.083 (compute) | "
+    assert ("| aws g-small | 10 min, $0.17 (decode) | 4 / 8 | g-mid --workers 8: 5 min, $0.12 (compute) | 5 min, $0.083 (compute) | "
             "6 x cpu-w: 5 min, $0.18 (compute) |") in md
     assert "| **aws g-small** (fastest, cheapest) | 4 (needs 8) | 1 t4 |" in md  # a tie for fastest: the first
