@@ -51,6 +51,8 @@ def plan_for(cells: list[dict], workload: Workload, baseline: Loader | None = No
 
 
 def options(plan: Plan, stores: list[str]) -> list[Option]:
+    """The ways to read the data that every table compares: the small files by your loader (when
+    described) and by the reader, each compacted store by the reader."""
     out = []
     for s in stores:
         if s == "blob" and plan.baseline is not None:
@@ -132,7 +134,7 @@ def build_advice(cells: list[dict], catalog: list[Instance], dbu: dict[str, DbuR
              for s in encoded}
     return {"plan": plan, "options": opts, "headline": headline, "projections": projections,
             "remedies": {s: r for s, r in fixes.items() if r},
-            "recommendation": recommend({k: v for k, v in projections.items()}),
+            "recommendation": recommend(projections),
             "gains": [gains(h, plan) for h in headline],
             "reference": reference(headline, plan) if plan.scenario else None}
 
@@ -150,7 +152,6 @@ def _with_efficiency(accelerators: dict[str, Accelerator], scenario: Scenario | 
 def gains(head: dict, plan: Plan) -> dict | None:
     """On one node: what repacking gains over the user's loader, and what better loading alone
     (trainfeed's reader on the same small files) would gain."""
-    rows = {r["option"]: r for r in head["rows"]}
     blob = [r for r in head["rows"] if r["store"] == "blob"]
     compacted = [r for r in head["rows"] if r["store"] != "blob"]
     if not blob or not compacted:
@@ -161,8 +162,7 @@ def gains(head: dict, plan: Plan) -> dict | None:
     return {"node": head["node"], "today": today["option"], "today_s": today["seconds"],
             "repacked": best["option"], "repacked_s": best["seconds"], "repack_gain": today["seconds"] / best["seconds"],
             "better_loading": better["option"] if better and better is not today else None,
-            "better_loading_gain": today["seconds"] / better["seconds"] if better and better is not today else None,
-            "rows": rows}
+            "better_loading_gain": today["seconds"] / better["seconds"] if better and better is not today else None}
 
 
 def reference(headline: list[dict], plan: Plan) -> dict:
