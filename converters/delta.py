@@ -2,9 +2,11 @@
 
 Tensor-field specs live in the table schema's field metadata (Delta keeps it); each commit
 trainfeed makes (writes, OPTIMIZE, VACUUM, restores) carries the whole dataset schema as
-custom commit metadata under ``trainfeed``: that is trainfeed's mark on a table, and where the
-label map, source and ``store_id`` of each version are read from (an append that brings new
-classes cannot change the table schema's field metadata). Readers must take the live file
+custom commit metadata under ``trainfeed`` (a table the Spark repack wrote through delta-spark
+carries it in the commit's ``userMetadata`` instead, see ``user_metadata``): that is
+trainfeed's mark on a table, and where the label map, source and ``store_id`` of each version
+are read from (an append that brings new classes cannot change the table schema's field
+metadata). Readers must take the live file
 list from the log (``file_uris()``), never the folder listing: after OPTIMIZE the folder
 still holds the replaced files until VACUUM.
 """
@@ -88,7 +90,25 @@ def written_by_trainfeed(path) -> bool:
 
 
 def _marked(table: DeltaTable) -> bool:
-    return any(DATASET_META in commit for commit in _commit_history(table))
+    return any(_recorded_json(commit) is not None for commit in _commit_history(table))
+
+
+def user_metadata(schema: DatasetSchema) -> str:
+    """trainfeed's commit mark as a commit's ``userMetadata``: delta-spark (the Spark repack on
+    Databricks) cannot add the ``trainfeed`` key delta-rs commits carry, only that string."""
+    return json.dumps({DATASET_META: schema.to_json()})
+
+
+def _recorded_json(commit: dict) -> str | None:
+    """The dataset schema (JSON text) a commit carries: under ``trainfeed`` (delta-rs), or in
+    ``userMetadata`` as ``user_metadata`` writes it (delta-spark); None for anyone else's commit."""
+    if DATASET_META in commit:
+        return commit[DATASET_META]
+    try:
+        user = json.loads(commit.get("userMetadata") or "null")
+    except json.JSONDecodeError:
+        return None
+    return user.get(DATASET_META) if isinstance(user, dict) else None
 
 
 def recorded_schema(path, version: int, storage_options: dict[str, str] | None = None) -> DatasetSchema | None:
@@ -97,10 +117,11 @@ def recorded_schema(path, version: int, storage_options: dict[str, str] | None =
     # The history of the latest table: a table opened at an older version numbers the
     # newest commits as if they were its own (delta-rs 1.x).
     for commit in _commit_history(open_table(path, storage_options=storage_options)):  # newest first
-        if DATASET_META in commit and commit.get("version", -1) <= version:
+        text = _recorded_json(commit)
+        if text is not None and commit.get("version", -1) <= version:
             where = f"{_shown(path)}/_delta_log: commit {commit.get('version')}"
             try:
-                recorded = json.loads(commit[DATASET_META])
+                recorded = json.loads(text)
             except (TypeError, json.JSONDecodeError) as exc:
                 raise ValueError(f"{where}: metadata {DATASET_META!r} is not valid JSON ({exc})") from exc
             return checked_schema(recorded, where)

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from deltalake import DeltaTable, write_deltalake
+from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from trainfeed.converters import delta, hdf5
 from trainfeed.converters.commit import DestinationLock
@@ -73,6 +73,13 @@ def foreign_delta(path: Path) -> None:
     write_deltalake(str(path), pa.table({"id": ["x", "y"], "value": [1.5, 2.5]}))
 
 
+def foreign_delta_with_user_metadata(path: Path) -> None:
+    """Commit userMetadata marks a table trainfeed's only as {"trainfeed": ...} (the Spark repack's)."""
+    for mode, note in (("error", "nightly load"), ("append", json.dumps({"job": "etl", "trainfeed_like": 1}))):
+        write_deltalake(str(path), pa.table({"id": ["x"], "value": [1.5]}), mode=mode,
+                        commit_properties=CommitProperties(custom_metadata={"userMetadata": note}))
+
+
 def foreign_h5(path: Path) -> None:
     with h5py.File(path, "w") as h5:
         h5["data"] = np.arange(10)
@@ -104,6 +111,7 @@ def foreign_manifest(path: Path) -> None:
 @pytest.mark.parametrize("make,name,fmt,what", [
     (foreign_delta, "t.delta", "delta", "a Delta table not written by trainfeed"),
     (foreign_delta, "t.delta", "parquet", "a Delta table not written by trainfeed"),
+    (foreign_delta_with_user_metadata, "t.delta", "delta", "a Delta table not written by trainfeed"),
     (foreign_h5, "x.h5", "hdf5", "an HDF5 file not written by trainfeed"),
     (plain_folder, "results", "parquet", "a folder with 3 entries that is not a trainfeed store"),
     (plain_file, "thesis.h5", "hdf5", "a file of 13 bytes that is not a trainfeed store"),
