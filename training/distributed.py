@@ -5,8 +5,8 @@ GPUs); ``local_mode=False`` runs them on the executors of a multi-node cluster, 
 per Spark task.
 
 Every rank writes to the same ``--out``: on a cluster it must be a path every node sees (a
-Unity Catalog volume). Per-rank files carry a ``-rankN`` suffix; files of the whole run are
-written by rank 0 only (``write_from_rank_zero``).
+Unity Catalog volume). Per-rank files carry a ``-rankN`` suffix; files of the whole run (the
+checkpoint, ``distributed.json``) are written by rank 0 only.
 
 Uses the active Spark session (pipelines/spark.py provides one)."""
 from __future__ import annotations

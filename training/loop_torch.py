@@ -116,8 +116,10 @@ class Torch:
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
         self.scaler = torch.amp.GradScaler(
             "cuda", enabled=cfg.amp and cfg.device == "cuda" and not torch.cuda.is_bf16_supported())
-        name = CHECKPOINT if p.rank == 0 else f"checkpoint-rank{p.rank}.pt"
-        self.checkpoint = Path(cfg.checkpoint_dir) / name if cfg.checkpoint_dir else None
+        # one checkpoint, written by rank 0 (DDP keeps the replicas' weights and optimizer state
+        # identical), read by every rank on --resume: a shared --checkpoint-dir holds one file
+        self.checkpoint = Path(cfg.checkpoint_dir) / CHECKPOINT if cfg.checkpoint_dir else None
+        self.writes_checkpoint = p.rank == 0
         self.model.train()
 
     def parameters(self) -> dict[str, int]:
@@ -156,6 +158,8 @@ class Torch:
         return Position(state["epoch"], state["step_in_epoch"], state["global_step"])
 
     def save(self, position: Position, signature: str) -> None:
+        if not self.writes_checkpoint:
+            return
         self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
         _save(self.checkpoint, {"model": self.net.state_dict(), "optimizer": self.optimizer.state_dict(),
                                 "scaler": self.scaler.state_dict(), "epoch": position.epoch,
