@@ -25,7 +25,9 @@ echo
 sed -n '/## Training time/,/## Layout effect/p' "$OUT/ab/report.md" | sed '$d'
 rm -rf "$OUT/reference"
 echo "== the published case (DeepIQ, Azure Databricks): scenarios/reference-azure-databricks.toml"
-$BIN/storage-bench run --scenario scenarios/reference-azure-databricks.toml --out "$OUT/reference"
+# (TensorFlow's C++ start-up notices ignore TF_CPP_MIN_LOG_LEVEL: filtered from stderr here)
+$BIN/storage-bench run --scenario scenarios/reference-azure-databricks.toml --out "$OUT/reference" \
+  2> >(grep -v -e '^I0000 ' -e 'absl::InitializeLog' >&2)
 echo
 sed -n '/## Reference case/,/Knobs and their sources/p' "$OUT/reference/report.md" | sed '$d'
 echo "Open $OUT/ab/report.html and $OUT/reference/report.html (or their report.md)."
