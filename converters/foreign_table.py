@@ -55,10 +55,11 @@ def list_pieces(loc: Location, fmt: str, req: ReadRequest, foreign: ForeignSchem
         check_columns(foreign, _arrow_schema(listing, f), _shown(loc, f))
     schema.samples = sum(listing.rows)
     starts = np.cumsum([0, *listing.rows[:-1]]).tolist()
-    first = read_row_group(listing, listing.pieces[0], [foreign.tensor_column], {}).column(foreign.tensor_column)
-    listing.extra["foreign"] = ForeignRead(foreign, resolve_encoding(foreign, first.combine_chunks()),
-                                           dict(zip(listing.pieces, starts)))
-    read_piece(listing, listing.pieces[0], {})
+    first = read_row_group(listing, listing.pieces[0], foreign.columns, {})  # read once: encoding and check
+    read = ForeignRead(foreign, resolve_encoding(foreign, first.column(foreign.tensor_column).combine_chunks()),
+                       dict(zip(listing.pieces, starts)))
+    listing.extra["foreign"] = read
+    _decode(read, first, listing.pieces[0], np.empty)
     return listing
 
 
@@ -87,8 +88,12 @@ def _shown(loc: Location, f: str) -> str:
 def read_piece(listing: Pieces, piece: tuple[str, int], handles: dict, empty=np.empty) -> Columns:
     """One row group's named columns, decoded."""
     read: ForeignRead = listing.extra["foreign"]
+    return _decode(read, read_row_group(listing, piece, read.foreign.columns, handles), piece, empty)
+
+
+def _decode(read: ForeignRead, table, piece: tuple[str, int], empty) -> Columns:
+    """A row group's columns, read, as samples, labels and ids."""
     foreign, where = read.foreign, f"{piece[0]} (row group {piece[1]})"
-    table = read_row_group(listing, piece, foreign.columns, handles)
     x = decode_tensors(foreign, read.encoding, table.column(foreign.tensor_column), where, empty)
     labels = labels_array(table.column(foreign.label_column).to_numpy())
     return Columns(decode_ids(foreign, table, read.first_rows[piece], where), labels, x)
