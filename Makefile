@@ -4,8 +4,9 @@
 # Two environments, both Python 3.11 (this machine's torch CPU wheel is for 3.11; Python 3.12
 # is checked by tests/test_packaging.py, from the built wheel):
 #   .venv            the core on today's stack (numpy 2, pyarrow 26): constraints/dev.txt
-#   .venv-petastorm  trainfeed[petastorm]: Petastorm 0.13.1 holds pyarrow 14 / numpy 1.26 /
-#                    pandas 2.2 (Python 3.11 only): constraints/petastorm.txt
+#   .venv-petastorm  trainfeed[petastorm,spark]: Petastorm 0.13.1 holds pyarrow 14 / numpy 1.26 /
+#                    pandas 2.2 (Python 3.11 only), with Spark 3.5 (DBR 15.4 LTS's):
+#                    constraints/petastorm.txt. The spark tests run in both environments.
 PYTHON   ?= python3.11
 VENV     := .venv
 PY       := $(VENV)/bin/python
@@ -29,7 +30,7 @@ define make_venv
 	$(2)/bin/python -m pip install -q -c $(3) -e '.[$(4)]'
 endef
 MAIN_EXTRAS := tf,spark,gpu,s3,dev
-PS_EXTRAS   := petastorm,dev
+PS_EXTRAS   := petastorm,spark,dev
 
 # Azurite (the Azure Blob emulator) comes from npm: package.json / package-lock.json.
 $(VENV)/.installed: pyproject.toml constraints/dev.txt package.json
@@ -37,7 +38,7 @@ $(VENV)/.installed: pyproject.toml constraints/dev.txt package.json
 	npm install --no-audit --no-fund --loglevel=error
 	touch $@
 
-# Petastorm is the only reason for this environment: no tensorflow, no extras beyond the tests'.
+# Petastorm and Spark 3.5 are the reasons for this environment: no tensorflow.
 $(PS_VENV)/.installed: pyproject.toml constraints/petastorm.txt
 	$(call make_venv,python3.11,$(PS_VENV),constraints/petastorm.txt,$(PS_EXTRAS))
 	touch $@
@@ -50,7 +51,7 @@ endef
 
 test: install
 	$(call pytest_in,$(PY),not gpu and not petastorm)
-	$(call pytest_in,$(PS_PY),petastorm and not gpu)
+	$(call pytest_in,$(PS_PY),(petastorm or spark) and not gpu)
 
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -m "not gpu and not slow and not spark and not tf and not petastorm" $(PYTEST_ARGS)

@@ -90,13 +90,18 @@ def written_by_trainfeed(path) -> bool:
 
 
 def _marked(table: DeltaTable) -> bool:
-    return any(_recorded_json(commit) is not None for commit in _commit_history(table))
+    return any(marked_commit(commit) for commit in _commit_history(table))
 
 
 def user_metadata(schema: DatasetSchema) -> str:
     """trainfeed's commit mark as a commit's ``userMetadata``: delta-spark (the Spark repack on
     Databricks) cannot add the ``trainfeed`` key delta-rs commits carry, only that string."""
     return json.dumps({DATASET_META: schema.to_json()})
+
+
+def marked_commit(commit: dict) -> bool:
+    """Whether a commit (a Delta history row: ``userMetadata`` and the rest) is trainfeed's."""
+    return _recorded_json(commit) is not None
 
 
 def _recorded_json(commit: dict) -> str | None:

@@ -1,40 +1,28 @@
-"""One spelling per location, so that the paths Spark hands executors match the user's.
+"""Databricks paths in the two spellings the job needs.
 
-Spark qualifies what it lists: a local ``/data/vols`` comes back as ``file:/data/vols/x.npy``,
-a Unity Catalog volume ``/Volumes/c/s/v`` as ``dbfs:/Volumes/c/s/v/x.npy``, and the FUSE view
-``/dbfs/mnt/x`` is ``dbfs:/mnt/x`` to Spark. A sample's id is its path relative to the source
-folder, so both sides are brought to the same form before the relative path is taken.
+The driver and the executors read files with ordinary file APIs, where DBFS is the FUSE
+mount ``/dbfs`` and a Unity Catalog volume is ``/Volumes/...`` (mounted on every node of a
+dedicated cluster); Spark's readers and writers take ``dbfs:/...`` instead of ``/dbfs/...``.
+Sample ids are paths relative to the source folder as the driver lists it, so they are the
+ids ``convert`` gives the same files, whichever spelling the user typed.
 """
 from __future__ import annotations
 
-import os
-import posixpath
-
-_SCHEMELESS_PREFIXES = ("file:", "dbfs:")
+_DBFS_FUSE = "/dbfs"
 
 
-def canonical(path: str) -> str:
-    """``file:``/``file://`` dropped, ``dbfs:/x`` and ``/dbfs/x`` both ``/x`` (``/Volumes/...``
-    stays), a cloud URL as ``authority/path`` (``abfss://c@a.dfs.core.windows.net/p`` ->
-    ``c@a.dfs.core.windows.net/p``); no trailing slash."""
-    if path.startswith("file://"):
-        path = path[len("file://"):]
-    elif path.startswith(_SCHEMELESS_PREFIXES):
-        path = path.split(":", 1)[1]
-    elif "://" in path:
-        path = path.split("://", 1)[1]
-    if path == "/dbfs" or path.startswith("/dbfs/"):
-        path = path[len("/dbfs"):] or "/"
-    return posixpath.normpath(path) if path.startswith("/") else path.rstrip("/")
+def fuse_path(location: str) -> str:
+    """A ``dbfs:`` URL as the file path every node reads it at (``dbfs:/Volumes/c/s/v`` ->
+    ``/Volumes/c/s/v``, ``dbfs:/mnt/x`` -> ``/dbfs/mnt/x``); anything else unchanged."""
+    if not location.startswith("dbfs:"):
+        return location
+    path = "/" + location[len("dbfs:"):].lstrip("/")
+    return path if path == "/Volumes" or path.startswith("/Volumes/") else _DBFS_FUSE + path.rstrip("/")
 
 
-def source_root(src: str) -> str:
-    """The canonical form of a source folder as the user named it (a relative local path is
-    made absolute on the driver: executors see absolute paths)."""
-    local = "://" not in src and not src.startswith(_SCHEMELESS_PREFIXES)
-    return canonical(os.path.abspath(src) if local else src)
-
-
-def sample_id(path: str, root: str) -> str:
-    """The id of the file Spark lists at ``path`` under the canonical source ``root``."""
-    return posixpath.splitext(posixpath.relpath(canonical(path), root))[0]
+def spark_path(path: str) -> str:
+    """A file path as Spark takes it: the FUSE view ``/dbfs/x`` is ``dbfs:/x`` to Spark;
+    volume paths and local paths are unchanged."""
+    if path == _DBFS_FUSE or path.startswith(_DBFS_FUSE + "/"):
+        return "dbfs:" + (path[len(_DBFS_FUSE):] or "/")
+    return path

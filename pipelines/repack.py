@@ -1,53 +1,63 @@
 """Spark job: repack small files into a trainfeed store, for datasets that outgrow one machine.
 
-One pass: Spark lists and reads the files (binaryFile source) in read tasks of about
---target-file-size bytes each, executors decode and validate them with the same code and
-rules as `convert`, and each task writes its samples, sorted by id, as one Parquet file.
-Rejected files come back beside the data (an accumulator), for the rejects report and
---on-error. Delta: on Databricks, delta-spark writes the table with trainfeed's column and
-commit metadata; here, where Spark's Delta jars cannot be fetched, Spark writes the Parquet
-files and delta-rs commits them in one transaction. The result is sample-for-sample what
-`convert` writes.
+The driver lists the source, reads the labels and the first valid sample (which fixes the
+schema, as in ``convert``), and cuts the files, in id order, into runs of about
+--target-file-size bytes. Each run is one Spark task: an executor reads, checks and writes its
+files as one Parquet part with ``convert``'s code and rules (``repack_tasks.py``); only part
+names, row counts and rejected files come back. The driver then publishes the parts, staged
+beside DST and made visible in one step as ``convert`` does: a Parquet store, or a Delta table
+committed by delta-rs. On Databricks, ``--to delta`` is written by delta-spark from the parts
+with Delta's own atomic overwrite, at a path (--dst) or as a Unity Catalog table (--table).
 
     python -m trainfeed.pipelines.repack --src DIR --dst STORE --to delta [--labels CSV] [--on-error skip]
 """
 from __future__ import annotations
 
 import argparse
+import re
+import shutil
 import sys
 import uuid
-from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
 
 import pyarrow as pa
 
 from trainfeed.converters import delta, parquet
+from trainfeed.converters.cli_common import parse_storage_options
 from trainfeed.converters.commit import DestinationLock, Staging
 from trainfeed.converters.convert import check_apart, check_destination, destination_path, source_location, write_rejects_report
 from trainfeed.converters.errors import SampleError, TrainfeedError, UsageError
 from trainfeed.converters.labels import Labels, resolve_labels
-from trainfeed.converters.layout import DATASET_META, ID, DatasetSchema, arrow_schema, to_record_batch
+from trainfeed.converters.layout import DatasetSchema, arrow_schema
 from trainfeed.converters.options import WriteOptions, parse_size
 from trainfeed.converters.samples import SchemaGuard, load_sample
-from trainfeed.converters.sources import ImageOptions, Listing, Sample, decode_sample, list_source
+from trainfeed.converters.sources import ImageOptions, Listing, list_source
 
 from .entry import run_job
-from .paths import sample_id, source_root
+from .paths import fuse_path, spark_path
+from .repack_tasks import TaskContext, TaskResult, plan_tasks, spark_task
 from .spark import get_spark, on_databricks
 
-if TYPE_CHECKING:
-    from pyspark import Accumulator, Broadcast
 
-#: Bytes of source files per Arrow batch handed to a Python worker.
-BATCH_BYTES = 32 * 2**20
+#: The local JVM only schedules tasks (no sample byte enters it), so the optimizing JIT
+#: compiler's warm-up is pure cost: C1 only took Spark's start-up from 14 to 8 CPU-seconds.
+SCHEDULER_JVM = "-XX:TieredStopAtLevel=1"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="trainfeed.pipelines.repack", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--src", required=True, help="folder of .npy/.npz/JPEG/PNG files (local, dbfs:/, abfss://, ...)")
-    ap.add_argument("--dst", required=True, help="output store (a local path or, on Databricks, a volume path)")
+    ap.add_argument("--src", required=True, help="folder of .npy/.npz/JPEG/PNG files: a local or volume path "
+                    "(/Volumes/..., read by every node), dbfs:/..., or a cloud URL (abfss://, s3://, ...) read "
+                    "with --storage-option credentials")
+    where = ap.add_mutually_exclusive_group(required=True)
+    where.add_argument("--dst", help="output store: a local path or, on Databricks, a volume path")
+    where.add_argument("--table", help="Databricks, --to delta: write the Unity Catalog table CATALOG.SCHEMA.TABLE "
+                       "(saveAsTable; managed unless --table-location)")
+    ap.add_argument("--table-location", default=None, help="with --table: an external table at this URL")
+    ap.add_argument("--work-dir", default=None, help="with --table: a folder every node reads and writes (a volume "
+                    "path) for the intermediate Parquet parts; removed afterwards")
     ap.add_argument("--to", choices=("parquet", "delta"), required=True)
     ap.add_argument("--labels", default=None, help="labels CSV (id,label)")
     ap.add_argument("--on-error", choices=("fail", "skip"), default="fail")
@@ -55,75 +65,31 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--row-group-size", default="32MB")
     ap.add_argument("--compression", default="none", choices=("none", "snappy", "zstd", "lz4", "gzip"))
     ap.add_argument("--tensor-column", default="binary", choices=("binary", "list"))
-    ap.add_argument("--overwrite", action="store_true")
+    ap.add_argument("--read-threads", type=int, default=0, help="files each task reads at once; 0 = auto: 16 "
+                    "for a cloud URL, 4 for a path (a volume's reads wait on the network too)")
+    ap.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="fsspec options for reading a cloud --src and --labels (e.g. account_name=..., "
+                         "account_key=...; also taken from the usual environment variables). Repeatable")
+    ap.add_argument("--overwrite", action="store_true", help="replace the store or table if trainfeed wrote it")
     ap.add_argument("--optimize", action="store_true", help="delta: compact the table's files (OPTIMIZE)")
     ap.add_argument("--cores", default="*", help="local Spark only: local[N]")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = ap.parse_args(argv)
+    if args.read_threads < 0:
+        ap.error("--read-threads must be 0 (auto) or more")
+    if args.table and args.to != "delta":
+        ap.error("--table writes a Delta table: add --to delta")
+    if args.table and not args.work_dir:
+        ap.error("--table needs --work-dir: a folder every node can write (a volume path) for the parts")
+    if (args.table_location or args.work_dir) and not args.table:
+        ap.error("--table-location and --work-dir go with --table")
     args.target_file_size = parse_size(args.target_file_size, "--target-file-size")
     args.row_group_size = parse_size(args.row_group_size, "--row-group-size")
+    args.storage_options = parse_storage_options(args.storage_option)
+    for name in ("src", "dst", "labels", "work_dir"):  # dbfs:/... read through the FUSE mount
+        if getattr(args, name):
+            setattr(args, name, fuse_path(getattr(args, name)))
     return args
-
-
-class _Rejects:
-    """A Spark AccumulatorParam (duck-typed: pyspark stays a lazy import) for rejected files:
-    lists of {"file", "id", "reason"}, concatenated."""
-
-    def zero(self, value: list) -> list:
-        return []
-
-    def addInPlace(self, value1: list, value2: list) -> list:
-        value1.extend(value2)
-        return value1
-
-
-def _sample(kind: str, path: str, content: bytes, root: str, labels: dict | None, guard: SchemaGuard) -> Sample:
-    """The file Spark listed at ``path`` as a sample, or SampleError with convert's reason."""
-    local = path.removeprefix("file:")
-    sid = sample_id(path, root)
-    if labels is not None and sid not in labels:
-        raise SampleError(local, f"no label for id {sid!r} in the labels file")
-    sample = Sample(sid, None if labels is None else labels[sid], decode_sample(kind, local, content, ImageOptions()),
-                    len(content))
-    guard.check(local, sample)
-    return sample
-
-
-def _decoder(kind: str, root: str, guard: SchemaGuard, labels: Broadcast | None, rejects: Accumulator,
-             arrow_bytes: bytes) -> Callable:
-    """The function executors run on each Arrow batch of (path, content): the accepted samples
-    in the store's Arrow layout; each rejected file goes to the ``rejects`` accumulator.
-    ``labels``: a broadcast id -> label dict, or None for an unlabeled store."""
-
-    def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        arrow = pa.ipc.read_schema(pa.py_buffer(arrow_bytes))
-        schema = DatasetSchema.from_json(arrow.metadata[DATASET_META.encode()])
-        by_id = None if labels is None else labels.value
-        for batch in batches:
-            ok, bad = [], []
-            for path, content in zip(batch.column("path").to_pylist(), batch.column("content").to_pylist()):
-                try:
-                    ok.append(_sample(kind, path, content, root, by_id, guard))
-                except SampleError as err:
-                    bad.append({"file": err.path, "id": sample_id(path, root), "reason": err.reason})
-            if bad:
-                rejects.add(bad)
-            if ok:
-                yield to_record_batch(ok, schema, arrow)
-
-    return decode
-
-
-def _spark_type(field: pa.Field) -> str:
-    if pa.types.is_binary(field.type):
-        return "binary"
-    if pa.types.is_list(field.type):
-        inner = {"float": "float", "double": "double", "int8": "tinyint", "int16": "smallint", "int32": "int",
-                 "int64": "bigint", "uint8": "smallint", "bool": "boolean"}.get(str(field.type.value_type))
-        if inner is None:
-            raise UsageError(f"--tensor-column list: {field.type.value_type} has no exact Spark type; use binary")
-        return f"array<{inner}>"
-    return {"string": "string", "int64": "bigint"}[str(field.type)]
 
 
 def column_metadata(field: pa.Field) -> dict[str, str]:
@@ -132,51 +98,95 @@ def column_metadata(field: pa.Field) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in (field.metadata or {}).items()}
 
 
-def read_conf(sizes: list[int], target_file_size: int) -> dict[str, str]:
-    """Spark SQL settings that size the read tasks by bytes. Spark packs files into a task
-    counting each as its length plus ``openCostInBytes`` (default 4 MB: 1 KB files went 32 to
-    a task, each task paying a Python worker round trip); counted at the mean file size
-    instead, a task of ``2 * target`` counted bytes holds ~``target`` bytes of files, and
-    writes one Parquet file of about that size. Arrow batches to Python hold ~BATCH_BYTES."""
-    mean = max(1, sum(sizes) // max(1, len(sizes)))
-    return {"spark.sql.files.openCostInBytes": str(mean),
-            "spark.sql.files.maxPartitionBytes": str(2 * target_file_size),
-            "spark.sql.execution.arrow.maxRecordsPerBatch": str(max(1, min(10_000, BATCH_BYTES // mean)))}
-
-
-@contextmanager
-def _session_conf(spark, conf: dict[str, str]) -> Iterator[None]:
-    """``conf`` set on the session for the block (the session may be the caller's)."""
-    before = {k: spark.conf.get(k) for k in conf}
-    for k, v in conf.items():
-        spark.conf.set(k, v)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            spark.conf.set(k, v)
-
-
-@contextmanager
-def _broadcast(sc, value: dict | None) -> Iterator[Broadcast | None]:
-    """``value`` shipped once to each executor (not with every task), removed afterwards; None stays None."""
-    shared = None if value is None else sc.broadcast(value)
-    try:
-        yield shared
-    finally:
-        if shared is not None:
-            shared.destroy()
+@dataclass
+class _Staged:
+    """The parts the executors wrote, and what they rejected."""
+    folder: Path
+    schema: DatasetSchema
+    arrow: pa.Schema
+    parts: list[dict]  # {"file", "rows"}, in id order
+    rejects: list[dict]
+    files_in: int
+    tasks: int
 
 
 def repack(args: argparse.Namespace, spark=None) -> dict:
     """The Spark job, under the same destination rules as ``convert``: SRC and DST apart, one
-    writer at a time, only a store trainfeed wrote (or an empty folder) replaced."""
+    writer at a time, only a store (or table) trainfeed wrote, or an empty folder, replaced."""
+    if args.table:
+        if not on_databricks():
+            raise UsageError("--table writes a Unity Catalog table through delta-spark, which needs Databricks; "
+                             "elsewhere write a Delta table at a path with --dst")
+        return _repack_to_table(args, spark or get_spark("trainfeed-repack"))
     dst = destination_path(args.dst)
     check_apart(args.src, dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
     with DestinationLock(dst):
-        check_destination(dst, "overwrite" if args.overwrite else "create")
-        return _repack(args, dst, spark or get_spark("trainfeed-repack", cores=args.cores))
+        found = check_destination(dst, "overwrite" if args.overwrite else "create")
+        spark = spark or get_spark("trainfeed-repack", cores=args.cores, java_options=SCHEDULER_JVM)
+        if on_databricks() and args.to == "delta":
+            return _repack_to_delta_path(args, dst, found, spark)
+        return _repack_to_folder(args, dst, spark)
+
+
+def _repack_to_folder(args: argparse.Namespace, dst: Path, spark) -> dict:
+    """Parts staged beside DST, made a store there (a manifest, or delta-rs's first commit),
+    published in one rename."""
+    with Staging(dst, overwrite=args.overwrite) as staging:
+        staged = _stage(args, staging.path, spark)
+        staged.schema.samples = sum(p["rows"] for p in staged.parts)
+        if args.to == "parquet":
+            parquet.write_manifest(staging.path, "parquet", staged.schema, staged.parts,
+                                   writer=f"{parquet.WRITER} (spark)")
+        else:
+            delta.create_table(staging.path, [delta.describe_part(staging.path, p["file"]) for p in staged.parts],
+                               staged.schema, args.tensor_column)
+        staging.commit()
+    if args.to == "delta" and args.optimize:
+        delta.optimize(dst, target_size=args.target_file_size,
+                       opts=WriteOptions(row_group_size=args.row_group_size, compression=args.compression))
+    return _summary(args, str(dst), staged, spark, write_rejects_report(dst, staged.rejects))
+
+
+def _repack_to_delta_path(args: argparse.Namespace, dst: Path, found: str | None, spark) -> dict:
+    """Databricks: delta-spark writes the staged parts as the Delta table at DST, replacing a
+    trainfeed Delta table there with Delta's own atomic overwrite (a new version)."""
+    if found not in (None, "delta"):
+        raise TrainfeedError(f"{dst}: holds a trainfeed {found} store, which Delta's overwrite would not remove; "
+                             "delete it or choose another --dst")
+    with Staging(dst) as staging:  # never committed: only the parts' folder, removed afterwards
+        staged = _stage(args, staging.path, spark)
+        target = DeltaTarget(path=spark_path(str(dst)))
+        _write_delta_spark(spark, _parts_frame(spark, staged), target, delta_options(staged.schema, args),
+                           overwrite=found is not None, optimize=args.optimize)
+    staged.schema.samples = delta.read_schema(dst).samples  # and trainfeed reads it
+    return _summary(args, str(dst), staged, spark, write_rejects_report(dst, staged.rejects))
+
+
+def _repack_to_table(args: argparse.Namespace, spark) -> dict:
+    """Databricks: delta-spark writes the staged parts as a Unity Catalog table (``saveAsTable``),
+    replacing only a table trainfeed wrote."""
+    name = quoted_table(args.table)
+    exists = spark.catalog.tableExists(args.table)
+    check_table(args.table, _table_history(spark, name) if exists else None, args.overwrite)
+    work = Path(args.work_dir) / f".trainfeed-repack-{uuid.uuid4().hex[:12]}"
+    try:
+        staged = _stage(args, work, spark)
+        target = DeltaTarget(table=name, location=args.table_location)
+        _write_delta_spark(spark, _parts_frame(spark, staged), target, delta_options(staged.schema, args),
+                           overwrite=exists, optimize=args.optimize)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    staged.schema.samples = spark.read.table(name).count()
+    summary = _summary(args, args.table, staged, spark, None)
+    summary["rejects"] = staged.rejects  # no folder to put a report beside
+    return summary
+
+
+def _summary(args: argparse.Namespace, output: str, staged: _Staged, spark, report: str | None) -> dict:
+    return {"format": args.to, "output": output, "samples": staged.schema.samples, "rejected": len(staged.rejects),
+            "rejects_report": report, "files_in": staged.files_in, "partitions": staged.tasks,
+            "engine": "spark", "spark_master": spark.sparkContext.master}
 
 
 def _dataset_schema(args: argparse.Namespace, fs, listing: Listing, labels: Labels) -> tuple[DatasetSchema, SchemaGuard]:
@@ -196,103 +206,106 @@ def _dataset_schema(args: argparse.Namespace, fs, listing: Listing, labels: Labe
     return schema, guard
 
 
-def _samples_frame(spark, args: argparse.Namespace, kind: str, decode: Callable, arrow: pa.Schema):
-    """The accepted samples as a DataFrame in the store's columns, with their metadata, each
-    partition (one read task) sorted by id: what is written, to Parquet or Delta."""
-    from pyspark.sql import functions as F
-
-    exts = {"npy": "*.npy", "npz": "*.npz"}.get(kind, "*.{jpg,jpeg,png,JPG,JPEG,PNG}")
-    raw = (spark.read.format("binaryFile").option("recursiveFileLookup", "true").option("pathGlobFilter", exts)
-           .load(args.src).select("path", "content"))
-    ddl = ", ".join(f"`{f.name}` {_spark_type(f)}" for f in arrow)
-    decoded = raw.mapInArrow(decode, ddl)
-    columns = [F.col(f"`{f.name}`").alias(f.name, metadata=column_metadata(f)) for f in arrow]
-    return decoded.select(*columns).sortWithinPartitions(ID)
-
-
-def _repack(args: argparse.Namespace, dst: Path, spark) -> dict:
-    fs, listing = list_source(args.src)
-    labels = resolve_labels(listing.files, labels_csv=args.labels)
+def _stage(args: argparse.Namespace, folder: Path, spark) -> _Staged:
+    """List, plan, and have the executors write every task's part into ``folder``. Raises
+    (nothing published) on a reject under --on-error fail."""
+    fs, listing = list_source(args.src, args.storage_options)
+    labels = resolve_labels(listing.files, labels_csv=args.labels, storage_options=args.storage_options)
     if labels.missing and args.on_error == "fail":
         raise TrainfeedError(f"{listing.files[0].path}: {len(labels.missing)} files have no label in {args.labels}, "
                              f"e.g. {labels.missing[0]!r}")
     schema, guard = _dataset_schema(args, fs, listing, labels)
-    arrow = arrow_schema(schema, args.tensor_column)
-    sc = spark.sparkContext
-    rejected = sc.accumulator([], _Rejects())
-    databricks_delta = on_databricks() and args.to == "delta"
-    with _broadcast(sc, labels.by_id) as by_id, \
-            _session_conf(spark, read_conf([f.size for f in listing.files], args.target_file_size)):
-        decode = _decoder(listing.kind, source_root(args.src), guard, by_id, rejected, arrow.serialize().to_pybytes())
-        good = _samples_frame(spark, args, listing.kind, decode, arrow)
-        partitions = good.rdd.getNumPartitions()
-        with Staging(dst, overwrite=args.overwrite) as staging:
-            if databricks_delta:
-                _write_delta_spark(spark, good, staging.path, delta_options(schema, args), args.optimize)
-            else:
-                _write_parquet(good, staging.path, args)
-            rejects = _checked_rejects(rejected.value + _empty_files(listing), args.on_error)
-            if databricks_delta:
-                schema.samples = delta.read_schema(staging.path).samples  # and trainfeed can read it
-            else:
-                _finish(staging.path, schema, args)
-            staging.commit()
-    if args.to == "delta" and args.optimize and not on_databricks():
-        delta.optimize(dst, target_size=args.target_file_size,
-                       opts=WriteOptions(row_group_size=args.row_group_size, compression=args.compression))
-    report = write_rejects_report(dst, rejects)
-    return {"format": args.to, "output": str(dst), "samples": schema.samples, "rejected": len(rejects),
-            "rejects_report": report, "files_in": len(listing.files), "partitions": partitions,
-            "engine": "spark", "spark_master": sc.master}
+    first = next(f for f in listing.files if f.id == guard.first_id)
+    write = WriteOptions(row_group_size=args.row_group_size, compression=args.compression,
+                         tensor_column=args.tensor_column)
+    ctx = TaskContext(src=args.src, storage_options=args.storage_options, kind=listing.kind, schema=schema,
+                      specs=list(guard.specs), first_id=guard.first_id, staging=str(folder), write=write,
+                      sample_nbytes=max(1, first.size), on_error=args.on_error,
+                      read_threads=args.read_threads or (16 if "://" in args.src else 4))
+    tasks = plan_tasks(listing.files, args.target_file_size)
+    by_id = labels.by_id
+    rows = [(i, files, None if by_id is None else {f.id: by_id[f.id] for f in files if f.id in by_id})
+            for i, files in enumerate(tasks)]
+    folder.mkdir(parents=True, exist_ok=True)
+    results: list[TaskResult] = _collect(spark.sparkContext.parallelize(rows, len(rows)).mapPartitions(spark_task(ctx)))
+    rejects = _checked_rejects([r for res in results for r in res.rejects], args.on_error)
+    parts = [p for res in sorted(results, key=lambda r: r.index) for p in res.parts]
+    _remove_strays(folder, {p["file"] for p in parts})
+    return _Staged(folder, schema, arrow_schema(schema, args.tensor_column), parts, rejects, len(listing.files),
+                   len(tasks))
 
 
-def _empty_files(listing: Listing) -> list[dict]:
-    """Rejects Spark never sees: its file scan skips 0-byte files."""
-    return [{"file": f.path, "id": f.id, "reason": "empty file (0 bytes)"} for f in listing.files if f.size == 0]
+_TASK_ERROR = re.compile(r"trainfeed\.converters\.errors\.\w+: (.+)")
+
+
+def _collect(rdd) -> list:
+    """The tasks' results; a task that failed on trainfeed's own error (a file it could not
+    read) fails the job with that message, not Spark's stack of Java and Python traces."""
+    try:
+        return rdd.collect()
+    except Exception as exc:  # Py4JJavaError / PythonException: the task's traceback is in the text
+        found = _TASK_ERROR.search(str(exc))
+        if found is None:
+            raise
+        raise TrainfeedError(f"a Spark task failed: {found.group(1)}") from None
+
+
+def _remove_strays(folder: Path, keep: set[str]) -> None:
+    """Files in ``folder`` no successful task attempt returned (a failed or retried attempt's)."""
+    for f in folder.iterdir():
+        if f.name not in keep:
+            f.unlink()
 
 
 def _checked_rejects(found: list[dict], on_error: str) -> list[dict]:
-    """One entry per rejected file (a retried task reports its rejects again), in file order;
-    with --on-error fail, any reject is an error (the staged output is then discarded)."""
-    rejects = sorted({r["file"]: r for r in found}.values(), key=lambda r: r["file"])
+    """One entry per rejected file, in file order; with --on-error fail, any reject is an error
+    (nothing is published)."""
+    rejects = sorted(found, key=lambda r: r["file"])
     if rejects and on_error == "fail":
         first = rejects[0]
-        raise TrainfeedError(f"{first['file']}: {first['reason']} ({len(rejects)} rejected; nothing written; "
+        raise TrainfeedError(f"{first['file']}: {first['reason']} (nothing written; "
                              "--on-error skip converts the rest)")
     return rejects
 
 
-def _write_parquet(df, folder: Path, args: argparse.Namespace) -> None:
-    (df.write.option("parquet.block.size", args.row_group_size)
-     .option("compression", "uncompressed" if args.compression == "none" else args.compression)
-     .parquet(str(folder)))
+def _parts_frame(spark, staged: _Staged):
+    """The staged parts as a DataFrame in the store's columns, with trainfeed's column metadata."""
+    from pyspark.sql import functions as F
+
+    frame = spark.read.parquet(*[spark_path(str(staged.folder / p["file"])) for p in staged.parts])
+    return frame.select(*[F.col(f"`{f.name}`").alias(f.name, metadata=column_metadata(f)) for f in staged.arrow])
 
 
-def _finish(folder: Path, schema: DatasetSchema, args: argparse.Namespace) -> None:
-    """Spark's Parquet files made a store: the manifest, or version 0 of a Delta table (delta-rs)."""
-    parts = _tidy_parts(folder)
-    schema.samples = sum(rows for _, rows in parts)
-    if args.to == "parquet":
-        parquet.write_manifest(folder, "parquet", schema, [{"file": n, "rows": r} for n, r in parts],
-                               writer=f"{parquet.WRITER} (spark)")
-    else:
-        delta.create_table(folder, [delta.describe_part(folder, n) for n, _ in parts], schema, args.tensor_column)
+_TABLE_PART = re.compile(r"[^`.\x00-\x1f]+")
 
 
-def _tidy_parts(folder: Path) -> list[tuple[str, int]]:
-    """Spark's part files in name order with their row counts; its marker files removed."""
-    import pyarrow.parquet as pq
+def quoted_table(name: str) -> str:
+    """``catalog.schema.table`` (or a shorter name) with each part in backquotes, for SQL; a
+    usage error for a name Unity Catalog would not take."""
+    parts = name.split(".")
+    if not 1 <= len(parts) <= 3 or not all(_TABLE_PART.fullmatch(p) for p in parts):
+        raise UsageError(f"--table {name!r}: expected CATALOG.SCHEMA.TABLE (no backquotes or control characters)")
+    return ".".join(f"`{p}`" for p in parts)
 
-    for junk in list(folder.glob("_SUCCESS")) + list(folder.glob(".*.crc")):
-        junk.unlink()
-    parts = []
-    for f in sorted(folder.glob("part-*.parquet")):
-        rows = pq.ParquetFile(f).metadata.num_rows
-        if rows == 0:
-            f.unlink()
-            continue
-        parts.append((f.name, rows))
-    return parts
+
+def check_table(name: str, history: list[dict] | None, overwrite: bool) -> None:
+    """Refuse to replace a table unless --overwrite and trainfeed committed to it. ``history``:
+    the table's Delta history rows (None: no such table; [] when it has none, e.g. not Delta)."""
+    if history is None:
+        return
+    if not overwrite:
+        raise TrainfeedError(f"table {name} already exists; pass --overwrite to replace it")
+    if not any(delta.marked_commit(row) for row in history):
+        raise TrainfeedError(f"table {name} was not written by trainfeed; refusing to replace it "
+                             "(--overwrite replaces only a table trainfeed wrote)")
+
+
+def _table_history(spark, name: str) -> list[dict]:  # pragma: no cover - needs delta-spark
+    """The table's commits (``userMetadata`` and the rest); [] for a table without a Delta history."""
+    try:
+        return [row.asDict() for row in spark.sql(f"DESCRIBE HISTORY {name}").collect()]
+    except Exception:  # not a Delta table: no history, so not trainfeed's
+        return []
 
 
 def delta_options(schema: DatasetSchema, args: argparse.Namespace) -> dict[str, str]:
@@ -301,11 +314,32 @@ def delta_options(schema: DatasetSchema, args: argparse.Namespace) -> dict[str, 
     return {"userMetadata": delta.user_metadata(schema), "delta.targetFileSize": str(args.target_file_size)}
 
 
-def _write_delta_spark(spark, df, path: Path, options: dict[str, str], optimize: bool) -> None:  # pragma: no cover
-    """Databricks only (delta-spark cannot run here): the table written by delta-spark."""
-    df.write.format("delta").options(**options).save(str(path))
+@dataclass(frozen=True)
+class DeltaTarget:
+    """Where delta-spark writes: a path, or a catalog table (external when ``location``)."""
+    path: str | None = None
+    table: str | None = None
+    location: str | None = None
+
+    @property
+    def sql(self) -> str:
+        return self.table or f"delta.`{self.path}`"
+
+
+def _write_delta_spark(spark, df, target: DeltaTarget, options: dict[str, str], overwrite: bool,
+                       optimize: bool) -> None:  # pragma: no cover - needs delta-spark (Databricks)
+    """Databricks only: delta-spark writes ``df``, in one commit; with ``overwrite`` as a new
+    version of the table (its schema may change), else only where no table is."""
+    writer = df.write.format("delta").options(**options)
+    writer = writer.mode("overwrite").option("overwriteSchema", "true") if overwrite else writer.mode("errorifexists")
+    if target.table:
+        if target.location:
+            writer = writer.option("path", target.location)
+        writer.saveAsTable(target.table)
+    else:
+        writer.save(target.path)
     if optimize:
-        spark.sql(f"OPTIMIZE delta.`{path}`")
+        spark.sql(f"OPTIMIZE {target.sql}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,10 @@ def on_databricks() -> bool:
     return "DATABRICKS_RUNTIME_VERSION" in os.environ
 
 
-def get_spark(app_name: str = "trainfeed", cores: int | str = "*", driver_memory: str = "2g"):
+def get_spark(app_name: str = "trainfeed", cores: int | str = "*", driver_memory: str = "2g",
+              java_options: str = ""):
+    """``java_options``: the local JVM's flags (ignored on Databricks, and by a session that
+    already runs)."""
     from pyspark.sql import SparkSession
 
     if on_databricks():
@@ -18,7 +21,7 @@ def get_spark(app_name: str = "trainfeed", cores: int | str = "*", driver_memory
     # Python workers must run this interpreter (the one with pyarrow and trainfeed), not
     # whatever `python3` is first on PATH
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    return (
+    builder = (
         SparkSession.builder.master(f"local[{cores}]")
         .config("spark.pyspark.python", sys.executable)
         .appName(app_name)
@@ -26,5 +29,7 @@ def get_spark(app_name: str = "trainfeed", cores: int | str = "*", driver_memory
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
     )
+    if java_options:
+        builder = builder.config("spark.driver.extraJavaOptions", java_options)
+    return builder.getOrCreate()

@@ -1,46 +1,39 @@
-"""Sample ids from the paths Spark qualifies (file:, dbfs:/Volumes, dbfs:/ vs /dbfs/, abfss://)
-equal the ids `convert` gives the same files: what the labels CSV is keyed by."""
+"""Databricks locations in the spelling each side needs: file APIs on every node read DBFS at
+/dbfs and volumes at /Volumes; Spark's readers and writers take dbfs:/ for DBFS."""
 from __future__ import annotations
-
-import os
 
 import pytest
 
-from trainfeed.pipelines.paths import canonical, sample_id, source_root
+from trainfeed.pipelines.paths import fuse_path, spark_path
 
 
-@pytest.mark.parametrize("src,spark_path,expected", [
-    # local folders: Spark says file:/..., the user may say a relative path or file://
-    ("/data/vols", "file:/data/vols/pos/v001.npy", "pos/v001"),
-    ("file:///data/vols/", "file:/data/vols/v001.npy", "v001"),
-    # a Unity Catalog volume, named as users do; Spark qualifies it as dbfs:/Volumes/...
-    ("/Volumes/main/ml/raw/vols", "dbfs:/Volumes/main/ml/raw/vols/v001.npy", "v001"),
-    ("dbfs:/Volumes/main/ml/raw/vols", "dbfs:/Volumes/main/ml/raw/vols/a/v001.npy", "a/v001"),
-    # DBFS through its FUSE mount (/dbfs/...) or its scheme (dbfs:/...)
-    ("/dbfs/mnt/data/vols", "dbfs:/mnt/data/vols/v001.npy", "v001"),
-    ("dbfs:/mnt/data/vols", "dbfs:/mnt/data/vols/v001.npy", "v001"),
-    # ADLS Gen2: Spark keeps the scheme and the container@account authority
-    ("abfss://raw@acct.dfs.core.windows.net/vols",
-     "abfss://raw@acct.dfs.core.windows.net/vols/pos/v001.npy", "pos/v001"),
+@pytest.mark.parametrize("given,read_at", [
+    ("dbfs:/Volumes/main/ml/raw/vols", "/Volumes/main/ml/raw/vols"),
+    ("dbfs:///Volumes/main/ml/raw/vols/", "/Volumes/main/ml/raw/vols/"),
+    ("dbfs:/mnt/data/vols", "/dbfs/mnt/data/vols"),
+    ("dbfs:/mnt/data/vols/", "/dbfs/mnt/data/vols"),
+    ("dbfs:/Volumesque/x", "/dbfs/Volumesque/x"),  # not a volume
+    # already file paths, or cloud URLs (read through fsspec with their storage options)
+    ("/Volumes/main/ml/raw/vols", "/Volumes/main/ml/raw/vols"),
+    ("/dbfs/mnt/data/vols", "/dbfs/mnt/data/vols"),
+    ("abfss://raw@acct.dfs.core.windows.net/vols", "abfss://raw@acct.dfs.core.windows.net/vols"),
+    ("data/vols", "data/vols"),
 ])
-def test_ids_from_qualified_paths(src, spark_path, expected):
-    assert sample_id(spark_path, source_root(src)) == expected
+def test_dbfs_urls_are_read_through_the_fuse_mount(given, read_at):
+    assert fuse_path(given) == read_at
 
 
-def test_a_relative_source_is_made_absolute_on_the_driver(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    assert source_root("data/vols") == os.path.join(str(tmp_path), "data", "vols")
-    assert sample_id(f"file:{tmp_path}/data/vols/x/v7.npy", source_root("data/vols")) == "x/v7"
-
-
-@pytest.mark.parametrize("a,b", [
-    ("dbfs:/Volumes/c/s/v", "/Volumes/c/s/v"), ("/dbfs/mnt/x", "dbfs:/mnt/x"), ("file:/a/b/", "/a/b"),
-    ("file:///a//b", "/a/b"),
+@pytest.mark.parametrize("path,for_spark", [
+    ("/dbfs/mnt/out/part-00000-0-000.parquet", "dbfs:/mnt/out/part-00000-0-000.parquet"),
+    ("/dbfs", "dbfs:/"),
+    ("/dbfsx/a", "/dbfsx/a"),
+    ("/Volumes/main/ml/out/stores/delta", "/Volumes/main/ml/out/stores/delta"),
+    ("/tmp/out", "/tmp/out"),
 ])
-def test_one_spelling_per_location(a, b):
-    assert canonical(a) == canonical(b)
+def test_spark_reads_dbfs_by_its_scheme(path, for_spark):
+    assert spark_path(path) == for_spark
 
 
-def test_other_locations_stay_apart():
-    assert canonical("/Volumes/c/s/v") != canonical("/dbfs/c/s/v")
-    assert canonical("abfss://raw@acct.dfs.core.windows.net/v") != canonical("abfss://raw@other.dfs.core.windows.net/v")
+def test_the_two_spellings_meet():
+    for url in ("dbfs:/mnt/data/vols", "dbfs:/Volumes/c/s/v"):
+        assert spark_path(fuse_path(url)) in (url, url.removeprefix("dbfs:"))

@@ -1,5 +1,5 @@
-"""The Spark repack beyond the bundle's parameters: the Databricks Delta branch's output read by
-trainfeed, and rejects as a side output of the one pass."""
+"""The Spark repack beyond the bundle's parameters: the Databricks Delta branches' output (a
+path, a catalog table) read back, rejects reported by the tasks, retried tasks, cloud sources."""
 from __future__ import annotations
 
 import json
@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 SHAPE = (12, 12, 4, 2)
 
 
-def delta_spark_stand_in(spark, df, path: Path, options: dict[str, str], optimize: bool) -> None:
+def delta_spark_stand_in(spark, df, target, options: dict[str, str], overwrite: bool, optimize: bool) -> None:
     """What delta-spark's ``df.write.format("delta").options(**options).save(path)`` leaves,
     made without its jars: Spark writes ``df``'s Parquet files, delta-rs commits them as
     version 0 with the table schema Delta takes from the DataFrame (``df.schema.json()``, the
@@ -26,6 +26,8 @@ def delta_spark_stand_in(spark, df, path: Path, options: dict[str, str], optimiz
     from deltalake import CommitProperties, Schema
     from deltalake.transaction import AddAction, create_table_with_add_actions
 
+    assert target.table is None and not overwrite
+    path = Path(target.path)
     df.write.parquet(str(path))
     actions = []
     for part in sorted(path.glob("part-*.parquet")):
@@ -87,19 +89,17 @@ def broken_source(src: Path) -> dict:
 
 
 @pytest.mark.parametrize("to", ["parquet", "delta"])
-def test_rejects_are_a_side_output_and_the_rest_is_written_bit_for_bit(tmp_path, spark, to):
+def test_rejects_are_reported_and_the_rest_is_written_bit_for_bit(tmp_path, spark, to):
     from trainfeed.converters.cli import app
     from trainfeed.pipelines import repack
 
     src = tmp_path / "raw"
     good = broken_source(src)
-    conf_before = {k: spark.conf.get(k) for k in repack.read_conf([1], 1)}
     common = ["--src", str(src), "--to", to, "--labels", str(src / "labels.csv"), "--target-file-size", "32KB"]
     with pytest.raises(Exception, match="files have no label"):
         repack.repack(repack.parse_args(common + ["--dst", str(tmp_path / "failed")]), spark)
     summary = repack.repack(repack.parse_args(common + ["--dst", str(tmp_path / "out"), "--on-error", "skip"]), spark)
     assert (summary["samples"], summary["rejected"]) == (16, 4)
-    assert {k: spark.conf.get(k) for k in conf_before} == conf_before  # the caller's session as it was
 
     res = run_cli(app, src, tmp_path / "convert", "--to", to, "--labels", src / "labels.csv", "--on-error", "skip",
                   "--no-progress")
@@ -119,16 +119,204 @@ def test_a_reject_with_on_error_fail_leaves_nothing(tmp_path, spark):
     write_volumes(src, 6, shape=SHAPE, seed=5, labels_csv=False)
     (src / "v002.npy").write_bytes(b"")
     args = repack.parse_args(["--src", str(src), "--dst", str(tmp_path / "o.delta"), "--to", "delta"])
-    with pytest.raises(Exception, match=r"v002.npy: empty file \(0 bytes\) \(1 rejected; nothing written"):
+    with pytest.raises(Exception, match=r"v002.npy: empty file \(0 bytes\) \(nothing written"):
         repack.repack(args, spark)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["raw"]  # no store, no staging folder, no lock
 
 
-def test_read_tasks_are_sized_by_bytes():
-    from trainfeed.pipelines.repack import read_conf
+def test_tasks_are_runs_of_consecutive_ids_of_about_the_target_size():
+    from trainfeed.converters.sources import SourceFile
+    from trainfeed.pipelines.repack_tasks import plan_tasks
 
-    conf = read_conf([1000] * 20_000, 128 * 2**20)
-    # 1 KB files count as 2 KB each: a 256 MB task holds 128 MB of them, not the 32 the default 4 MB open cost allows
-    assert conf["spark.sql.files.openCostInBytes"] == "1000"
-    assert conf["spark.sql.files.maxPartitionBytes"] == str(256 * 2**20)
-    assert read_conf([360_000] * 10, 2**20)["spark.sql.execution.arrow.maxRecordsPerBatch"] == str(32 * 2**20 // 360_000)
+    files = [SourceFile(f"v{i:03d}", f"/d/v{i:03d}.npy", size) for i, size in enumerate([40, 40, 40, 100, 10, 10])]
+    tasks = plan_tasks(files, 100)
+    assert [[f.id for f in t] for t in tasks] == [["v000", "v001"], ["v002"], ["v003"], ["v004", "v005"]]
+    assert plan_tasks([], 100) == []
+
+
+def test_a_retried_task_leaves_only_its_last_attempt(tmp_path):
+    """Two attempts of one task (a failed one may leave files) write apart; the driver keeps the
+    part of the attempt Spark returned and removes the rest."""
+    from trainfeed.converters.labels import Labels
+    from trainfeed.converters.options import WriteOptions
+    from trainfeed.converters.sources import ImageOptions, list_source
+    from trainfeed.converters.samples import SchemaGuard, load_sample
+    from trainfeed.pipelines import repack
+    from trainfeed.pipelines.repack_tasks import TaskContext, run_task
+
+    src = tmp_path / "raw"
+    truth = write_volumes(src, 5, shape=SHAPE, seed=3, labels_csv=False)
+    fs, listing = list_source(str(src))
+    guard = SchemaGuard("npy", ImageOptions())
+    guard.check(listing.files[0].path, load_sample(fs, "npy", listing.files[0], Labels(None), ImageOptions()))
+    schema = repack.DatasetSchema(fields=list(guard.specs), labeled=False)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    ctx = TaskContext(str(src), {}, "npy", schema, list(guard.specs), "v000", str(staging), WriteOptions(),
+                      listing.files[0].size, "fail", 2)
+    first, second = (run_task(ctx, 7, attempt, listing.files, None) for attempt in (0, 1))
+    assert [p["file"] for p in first.parts] != [p["file"] for p in second.parts]
+    repack._remove_strays(staging, {p["file"] for p in second.parts})
+    assert sorted(f.name for f in staging.iterdir()) == [p["file"] for p in second.parts]
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(staging / second.parts[0]["file"])
+    assert table.column("id").to_pylist() == sorted(truth)  # one part, in id order
+    assert [bytes(b) for b in table.column("volume").to_pylist()] == [truth[k][0].tobytes() for k in sorted(truth)]
+
+
+def external_table_stand_in(spark, df, target, options: dict[str, str], overwrite: bool, optimize: bool) -> None:
+    """delta-spark's ``saveAsTable`` made with what local Spark has: the same DataFrame saved
+    as an external Parquet table of Spark's catalog at ``target.location``."""
+    assert target.table and target.location and not optimize
+    df.write.format("parquet").mode("overwrite" if overwrite else "errorifexists").option(
+        "path", target.location).saveAsTable(target.table)
+
+
+def test_a_catalog_table_is_written_and_only_a_trainfeed_table_replaced(tmp_path, spark, monkeypatch):
+    from trainfeed.converters.cli import app
+    from trainfeed.pipelines import repack
+
+    src = tmp_path / "raw"
+    good = broken_source(src)
+    monkeypatch.setattr(repack, "on_databricks", lambda: True)
+    monkeypatch.setattr(repack, "_write_delta_spark", external_table_stand_in)
+    work = tmp_path / "volume"
+    work.mkdir()
+    common = ["--src", str(src), "--to", "delta", "--labels", str(src / "labels.csv"), "--work-dir", str(work),
+              "--on-error", "skip", "--target-file-size", "32KB"]
+    name = "default.trainfeed_volumes"
+    summary = repack.repack(repack.parse_args(common + ["--table", name, "--table-location", str(tmp_path / "t")]),
+                            spark)
+    try:
+        assert (summary["output"], summary["samples"], summary["rejected"]) == (name, 16, 4)
+        assert [r["id"] for r in summary["rejects"]] == ["v003", "v004", "v005", "v006"]
+        assert list(work.iterdir()) == []  # the parts' folder is gone
+        rows = spark.read.table(name).collect()
+        assert {r["id"]: (r["label"], bytes(r["volume"])) for r in rows} == {
+            sid: (label, arr.tobytes()) for sid, (arr, label) in good.items()}
+        # the table's columns carry trainfeed's metadata, as in the Delta table convert writes
+        assert run_cli(app, src, tmp_path / "convert.delta", "--to", "delta", "--labels", src / "labels.csv",
+                       "--on-error", "skip", "--no-progress").exit_code == 0
+        assert {f.name: f.metadata for f in spark.table(name).schema} == schema_metadata(tmp_path / "convert.delta")
+
+        again = repack.parse_args(common + ["--table", name])
+        with pytest.raises(Exception, match="already exists; pass --overwrite"):
+            repack.repack(again, spark)
+        # not a table trainfeed committed to (this one has no Delta history): never replaced
+        with pytest.raises(Exception, match="was not written by trainfeed; refusing"):
+            repack.repack(repack.parse_args(common + ["--table", name, "--overwrite"]), spark)
+        assert spark.read.table(name).count() == 16
+    finally:
+        spark.sql(f"DROP TABLE IF EXISTS {name}")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--table", "main.ml.vols", "--to", "parquet", "--work-dir", "/w"], "--table writes a Delta table"),
+    (["--table", "main.ml.vols", "--to", "delta"], "--table needs --work-dir"),
+    (["--dst", "/o", "--to", "delta", "--table-location", "abfss://c@a.dfs.core.windows.net/t"], "go with --table"),
+    (["--dst", "/o", "--table", "main.ml.vols", "--to", "delta"], "not allowed with argument"),
+])
+def test_table_options_that_do_not_fit_are_usage_errors(argv, message, capsys):
+    from trainfeed.pipelines import repack
+
+    with pytest.raises(SystemExit) as exc:
+        repack.parse_args(["--src", "/in"] + argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_table_off_databricks_is_refused_with_what_to_do_instead(tmp_path, capsys):
+    from trainfeed.pipelines import repack
+
+    src = tmp_path / "raw"
+    write_volumes(src, 2, shape=SHAPE, seed=1, labels_csv=False)
+    with pytest.raises(SystemExit) as exc:  # as the wheel-task launcher calls it
+        repack.main(["--src", str(src), "--table", "main.ml.vols", "--to", "delta", "--work-dir", str(tmp_path)])
+    assert exc.value.code == 2
+    assert "needs Databricks; elsewhere write a Delta table at a path with --dst" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["raw"]
+
+
+@pytest.mark.parametrize("name,quoted", [
+    ("main.ml.vols", "`main`.`ml`.`vols`"), ("ml.vols", "`ml`.`vols`"), ("my-cat.ml.v 1", "`my-cat`.`ml`.`v 1`"),
+    ("a.b.c.d", None), ("main..vols", None), ("main.ml.`x`", None), ("", None),
+])
+def test_table_names(name, quoted):
+    from trainfeed.converters.errors import UsageError
+    from trainfeed.pipelines.repack import quoted_table
+
+    if quoted is None:
+        with pytest.raises(UsageError, match="expected CATALOG.SCHEMA.TABLE"):
+            quoted_table(name)
+    else:
+        assert quoted_table(name) == quoted
+
+
+def test_only_a_table_trainfeed_committed_to_is_replaced():
+    from trainfeed.converters import delta as delta_format
+    from trainfeed.converters.layout import DatasetSchema
+    from trainfeed.pipelines.repack import check_table
+
+    ours = {"version": 0, "userMetadata": delta_format.user_metadata(DatasetSchema(fields=[], labeled=False))}
+    theirs = {"version": 1, "userMetadata": '{"team": "vision"}'}
+    check_table("t", None, overwrite=False)  # no table yet
+    check_table("t", [theirs, ours], overwrite=True)  # trainfeed wrote it (later commits may be anyone's)
+    with pytest.raises(Exception, match="already exists; pass --overwrite"):
+        check_table("t", [ours], overwrite=False)
+    for history in ([theirs], [], [{"version": 0, "userMetadata": None}]):
+        with pytest.raises(Exception, match="not written by trainfeed"):
+            check_table("t", history, overwrite=True)
+
+
+@pytest.mark.azurite
+def test_a_cloud_source_and_names_spark_would_hide_give_convert_s_ids(tmp_path, spark, azurite_server):
+    """An abfss:// source read with storage options by the driver and the executors, holding
+    names Spark's own file listing skips (a leading underscore): the same samples, under the
+    same ids, as convert writes."""
+    import fsspec
+
+    from trainfeed.converters.cli import app
+    from trainfeed.pipelines import repack
+
+    local = tmp_path / "raw"
+    arrays = {f"pos/{k}": arr for k, (arr, _) in write_volumes(local / "pos", 5, shape=SHAPE, seed=11,
+                                                                labels_csv=False).items()}
+    arrays.update({f"_neg/{k}": arr for k, (arr, _) in write_volumes(local / "_neg", 4, shape=SHAPE, seed=12,
+                                                                      labels_csv=False).items()})
+    arrays["pos/_extra"] = np.ones(SHAPE, np.float32)
+    np.save(local / "pos" / "_extra.npy", arrays["pos/_extra"])
+    fs = fsspec.filesystem("abfs", **azurite_server.storage_options)
+    fs.mkdir("repack-src")
+    fs.put(str(local) + "/", "repack-src/vols", recursive=True)
+    url = "abfss://repack-src@devstoreaccount1.dfs.core.windows.net/vols"
+    option = f"connection_string={azurite_server.connection_string}"
+    summary = repack.repack(repack.parse_args(["--src", url, "--storage-option", option, "--dst",
+                                               str(tmp_path / "spark.parquet"), "--to", "parquet"]), spark)
+    assert run_cli(app, url, tmp_path / "convert.parquet", "--to", "parquet", "--storage-option", option,
+                   "--no-progress").exit_code == 0
+    ours = {s: (lab, f["volume"].tobytes()) for s, lab, f in parquet.read_samples(tmp_path / "spark.parquet")}
+    assert ours == {s: (lab, f["volume"].tobytes()) for s, lab, f in parquet.read_samples(tmp_path / "convert.parquet")}
+    assert summary["samples"] == 10
+    assert {s: x for s, (_, x) in ours.items()} == {s: arr.tobytes() for s, arr in arrays.items()}
+
+
+def test_a_file_a_task_cannot_read_fails_the_job_with_trainfeed_s_message(tmp_path, spark, monkeypatch, capsys):
+    """A file gone between the driver's listing and its task: the job fails naming it, and
+    nothing is published."""
+    from trainfeed.pipelines import repack
+
+    src = tmp_path / "raw"
+    write_volumes(src, 4, shape=SHAPE, seed=2, labels_csv=False)
+    plan = repack.plan_tasks
+
+    def plan_then_lose_a_file(files, target_bytes):
+        tasks = plan(files, target_bytes)
+        (src / "v002.npy").unlink()
+        return tasks
+
+    monkeypatch.setattr(repack, "plan_tasks", plan_then_lose_a_file)
+    with pytest.raises(SystemExit) as exc:
+        repack.main(["--src", str(src), "--dst", str(tmp_path / "out.parquet"), "--to", "parquet"])
+    assert exc.value.code == 1
+    assert capsys.readouterr().err.startswith(f"error: {src / 'v002.npy'}: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["raw"]
