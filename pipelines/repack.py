@@ -75,6 +75,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--cores", default="*", help="local Spark only: local[N]")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = ap.parse_args(argv)
+    for name in ("dst", "work_dir"):
+        value = getattr(args, name)
+        if value and "://" in value and not value.startswith("file://"):
+            ap.error(f"--{name.replace('_', '-')} {value}: must be a path every node can write (a volume path, "
+                     "/Volumes/...); for a table at a cloud location use --table with --table-location")
     if args.read_threads < 0:
         ap.error("--read-threads must be 0 (auto) or more")
     if args.table and args.to != "delta":

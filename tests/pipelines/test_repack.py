@@ -216,8 +216,12 @@ def test_a_catalog_table_is_written_and_only_a_trainfeed_table_replaced(tmp_path
     (["--table", "main.ml.vols", "--to", "delta"], "--table needs --work-dir"),
     (["--dst", "/o", "--to", "delta", "--table-location", "abfss://c@a.dfs.core.windows.net/t"], "go with --table"),
     (["--dst", "/o", "--table", "main.ml.vols", "--to", "delta"], "not allowed with argument"),
+    (["--dst", "abfss://out@acct.dfs.core.windows.net/vols.delta", "--to", "delta"],
+     "must be a path every node can write"),
+    (["--table", "main.ml.vols", "--to", "delta", "--work-dir", "s3://b/tmp"], "must be a path every node can write"),
+    (["--dst", "/o", "--to", "delta", "--read-threads", "-1"], "--read-threads must be 0 (auto) or more"),
 ])
-def test_table_options_that_do_not_fit_are_usage_errors(argv, message, capsys):
+def test_options_that_do_not_fit_are_usage_errors(argv, message, capsys):
     from trainfeed.pipelines import repack
 
     with pytest.raises(SystemExit) as exc:
