@@ -6,8 +6,8 @@ a fresh JVM, start-up included).
 CPU-seconds are those of the whole process tree, the larger of two lower bounds: what the
 kernel accounts to this process for its reaped descendants (it becomes a child subreaper, so
 orphans are reaped here), and the sum of each descendant's own CPU time as last seen by
-polling every 0.1 s. The first alone misses Spark's Python workers (measured: 7 of 22 CPU-s
-on 1 GB; their parent does not wait for them); the second misses at most the last 0.1 s of
+polling every 0.1 s. The first alone misses Spark's Python workers (measured on 1 GB: 7.4 of
+22 CPU-s; their parent does not wait for them); the second misses at most the last 0.1 s of
 each process.
 
     python -m trainfeed.benchmarks.spark_repack_bench --files 5000 --shape 8,8,4,1 [--repeats 2]

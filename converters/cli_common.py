@@ -41,7 +41,8 @@ def parse_storage_options(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise UsageError(f"--storage-option expects KEY=VALUE, got {pair!r}")
+            # the text is not echoed: a mistyped pair (key:secret) may hold a credential
+            raise UsageError("--storage-option expects KEY=VALUE; one has no '=' or no key")
         # fsspec backends take real booleans (anon=false must not be the truthy string "false")
         out[key.strip()] = {"true": True, "false": False}.get(value.strip().lower(), value)
     register_storage_options(out)

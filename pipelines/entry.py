@@ -10,12 +10,13 @@ import sys
 from typing import Callable
 
 from trainfeed.converters.errors import TrainfeedError
-from trainfeed.converters.redact import redact, redact_json
+from trainfeed.converters.redact import redact, redact_json, register_environment
 
 
 def run_job(body: Callable[[], dict], render: Callable[[dict], str] | None = None) -> int:
     """Run ``body``; print its result (JSON unless ``render`` says otherwise) and return 0, or
     print the error and raise ``SystemExit(code)``."""
+    register_environment()  # credentials from the environment never appear in what is printed
     try:
         result = body()
     except TrainfeedError as exc:

@@ -14,6 +14,7 @@ with Delta's own atomic overwrite, at a path (--dst) or as a Unity Catalog table
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import sys
@@ -31,17 +32,18 @@ from trainfeed.converters.errors import SampleError, TrainfeedError, UsageError
 from trainfeed.converters.labels import Labels, resolve_labels
 from trainfeed.converters.layout import DatasetSchema, arrow_schema
 from trainfeed.converters.options import WriteOptions, parse_size
+from trainfeed.converters.redact import redact
 from trainfeed.converters.samples import SchemaGuard, load_sample
-from trainfeed.converters.sources import ImageOptions, Listing, list_source
+from trainfeed.converters.sources import ImageOptions, Listing, Sample, SourceFile, list_source
 
 from .entry import run_job
 from .paths import fuse_path, spark_path
-from .repack_tasks import TaskContext, TaskResult, plan_tasks, spark_task
+from .repack_tasks import ATTEMPTS, TaskContext, TaskResult, plan_tasks, spark_task
 from .spark import get_spark, on_databricks
 
 
 #: The local JVM only schedules tasks (no sample byte enters it), so the optimizing JIT
-#: compiler's warm-up is pure cost: C1 only took Spark's start-up from 14 to 8 CPU-seconds.
+#: compiler's warm-up is pure cost: C1 only took the JVM's start-up from ~14 to ~8 CPU-seconds.
 SCHEDULER_JVM = "-XX:TieredStopAtLevel=1"
 
 
@@ -88,12 +90,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ap.error("--table needs --work-dir: a folder every node can write (a volume path) for the parts")
     if (args.table_location or args.work_dir) and not args.table:
         ap.error("--table-location and --work-dir go with --table")
-    args.target_file_size = parse_size(args.target_file_size, "--target-file-size")
-    args.row_group_size = parse_size(args.row_group_size, "--row-group-size")
-    args.storage_options = parse_storage_options(args.storage_option)
+    try:
+        args.target_file_size = parse_size(args.target_file_size, "--target-file-size")
+        args.row_group_size = parse_size(args.row_group_size, "--row-group-size")
+        args.storage_options = parse_storage_options(args.storage_option)
+    except UsageError as exc:
+        ap.error(redact(str(exc)))
     for name in ("src", "dst", "labels", "work_dir"):  # dbfs:/... read through the FUSE mount
         if getattr(args, name):
             setattr(args, name, fuse_path(getattr(args, name)))
+    if args.work_dir:
+        args.work_dir = os.path.abspath(args.work_dir)  # every node resolves it alike
     return args
 
 
@@ -194,21 +201,21 @@ def _summary(args: argparse.Namespace, output: str, staged: _Staged, spark, repo
             "engine": "spark", "spark_master": spark.sparkContext.master}
 
 
-def _dataset_schema(args: argparse.Namespace, fs, listing: Listing, labels: Labels) -> tuple[DatasetSchema, SchemaGuard]:
-    """The store's schema, fixed by the first valid sample as in convert, and the guard that
-    holds every other sample to it."""
+def _first_sample(args: argparse.Namespace, fs, listing: Listing, labels: Labels) -> tuple[Sample, SchemaGuard]:
+    """The first valid sample, which fixes the store's fields as in convert, and the guard
+    that holds every other sample to them."""
     guard = SchemaGuard(listing.kind, ImageOptions())
+    reasons = []
     for src in listing.files:
         try:
-            guard.check(src.path, load_sample(fs, listing.kind, src, labels, ImageOptions()))
-            break
-        except SampleError:
-            continue
-    if guard.specs is None:
-        raise TrainfeedError(f"{args.src}: no valid samples")
-    schema = DatasetSchema(fields=list(guard.specs), labeled=labels.by_id is not None, label_map=labels.label_map,
-                           source=source_location(args.src), store_id=uuid.uuid4().hex)
-    return schema, guard
+            sample = load_sample(fs, listing.kind, src, labels, ImageOptions())
+            guard.check(src.path, sample)
+            return sample, guard
+        except SampleError as err:
+            reasons.append(str(err))
+        except OSError as exc:
+            raise TrainfeedError(f"{src.path}: cannot read: {exc}") from exc
+    raise TrainfeedError(f"{args.src}: no valid samples ({len(reasons)} rejected: {'; '.join(reasons[:3])})")
 
 
 def _stage(args: argparse.Namespace, folder: Path, spark) -> _Staged:
@@ -217,27 +224,42 @@ def _stage(args: argparse.Namespace, folder: Path, spark) -> _Staged:
     fs, listing = list_source(args.src, args.storage_options)
     labels = resolve_labels(listing.files, labels_csv=args.labels, storage_options=args.storage_options)
     if labels.missing and args.on_error == "fail":
-        raise TrainfeedError(f"{listing.files[0].path}: {len(labels.missing)} files have no label in {args.labels}, "
-                             f"e.g. {labels.missing[0]!r}")
-    schema, guard = _dataset_schema(args, fs, listing, labels)
-    first = next(f for f in listing.files if f.id == guard.first_id)
+        unlabeled = next(f for f in listing.files if f.id == labels.missing[0])
+        raise TrainfeedError(f"{unlabeled.path}: no label for id {unlabeled.id!r} in {args.labels} "
+                             f"(files without a label: {len(labels.missing)} of {len(listing.files)}; nothing written)")
+    first, guard = _first_sample(args, fs, listing, labels)
+    schema = DatasetSchema(fields=list(guard.specs), labeled=labels.by_id is not None, label_map=labels.label_map,
+                           source=source_location(args.src), store_id=uuid.uuid4().hex)
     write = WriteOptions(row_group_size=args.row_group_size, compression=args.compression,
                          tensor_column=args.tensor_column)
     ctx = TaskContext(src=args.src, storage_options=args.storage_options, kind=listing.kind, schema=schema,
-                      specs=list(guard.specs), first_id=guard.first_id, staging=str(folder), write=write,
-                      sample_nbytes=max(1, first.size), on_error=args.on_error,
+                      specs=list(guard.specs), first_id=first.id, staging=str(folder), write=write,
+                      sample_nbytes=max(1, first.nbytes), on_error=args.on_error,
                       read_threads=args.read_threads or (16 if "://" in args.src else 4))
-    tasks = plan_tasks(listing.files, args.target_file_size)
+    sc = spark.sparkContext
+    tasks = plan_tasks(listing.files, task_bytes(listing.files, args.target_file_size, sc.defaultParallelism))
     by_id = labels.by_id
     rows = [(i, files, None if by_id is None else {f.id: by_id[f.id] for f in files if f.id in by_id})
             for i, files in enumerate(tasks)]
     folder.mkdir(parents=True, exist_ok=True)
-    results: list[TaskResult] = _collect(spark.sparkContext.parallelize(rows, len(rows)).mapPartitions(spark_task(ctx)))
-    rejects = _checked_rejects([r for res in results for r in res.rejects], args.on_error)
-    parts = [p for res in sorted(results, key=lambda r: r.index) for p in res.parts]
-    _remove_strays(folder, {p["file"] for p in parts})
+    try:
+        results: list[TaskResult] = _collect(sc.parallelize(rows, len(rows)).mapPartitions(spark_task(ctx)))
+        rejects = _checked_rejects([r for res in results for r in res.rejects], args.on_error)
+        parts = []
+        for part in (p for res in sorted(results, key=lambda r: r.index) for p in res.parts):
+            # out of its attempt's folder; whatever other attempts wrote stays behind, and goes
+            os.replace(folder / ATTEMPTS / part["attempt"] / part["file"], folder / part["file"])
+            parts.append({"file": part["file"], "rows": part["rows"]})
+    finally:
+        shutil.rmtree(folder / ATTEMPTS, ignore_errors=True)
     return _Staged(folder, schema, arrow_schema(schema, args.tensor_column), parts, rejects, len(listing.files),
                    len(tasks))
+
+
+def task_bytes(files: list[SourceFile], target_file_size: int, cores: int) -> int:
+    """Bytes of source files per task: ``target_file_size``, or less when the dataset would
+    then make fewer tasks than the cluster has cores (smaller files, no idle core)."""
+    return max(1, min(target_file_size, sum(f.size for f in files) // max(1, cores)))
 
 
 _TASK_ERROR = re.compile(r"trainfeed\.converters\.errors\.\w+: (.+)")
@@ -253,13 +275,6 @@ def _collect(rdd) -> list:
         if found is None:
             raise
         raise TrainfeedError(f"a Spark task failed: {found.group(1)}") from None
-
-
-def _remove_strays(folder: Path, keep: set[str]) -> None:
-    """Files in ``folder`` no successful task attempt returned (a failed or retried attempt's)."""
-    for f in folder.iterdir():
-        if f.name not in keep:
-            f.unlink()
 
 
 def _checked_rejects(found: list[dict], on_error: str) -> list[dict]:
@@ -307,16 +322,21 @@ def check_table(name: str, history: list[dict] | None, overwrite: bool) -> None:
 
 def _table_history(spark, name: str) -> list[dict]:  # pragma: no cover - needs delta-spark
     """The table's commits (``userMetadata`` and the rest); [] for a table without a Delta history."""
+    from pyspark.errors import AnalysisException
+
     try:
         return [row.asDict() for row in spark.sql(f"DESCRIBE HISTORY {name}").collect()]
-    except Exception:  # not a Delta table: no history, so not trainfeed's
+    except AnalysisException:  # not a Delta table: no history, so not trainfeed's
         return []
 
 
 def delta_options(schema: DatasetSchema, args: argparse.Namespace) -> dict[str, str]:
     """What the Databricks branch gives delta-spark's writer: trainfeed's commit mark (the
-    commit's ``userMetadata``) and the table's target file size."""
-    return {"userMetadata": delta.user_metadata(schema), "delta.targetFileSize": str(args.target_file_size)}
+    commit's ``userMetadata``), the table's target file size, and the Parquet settings the
+    parts were written with (delta-spark rewrites them)."""
+    return {"userMetadata": delta.user_metadata(schema), "delta.targetFileSize": str(args.target_file_size),
+            "compression": "uncompressed" if args.compression == "none" else args.compression,
+            "parquet.block.size": str(args.row_group_size)}
 
 
 @dataclass(frozen=True)

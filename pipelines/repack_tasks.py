@@ -58,14 +58,18 @@ class TaskContext:
 @dataclass
 class TaskResult:
     index: int
-    parts: list[dict] = field(default_factory=list)  # {"file", "rows"}
+    parts: list[dict] = field(default_factory=list)  # {"file", "rows", "attempt"}
     rejects: list[dict] = field(default_factory=list)  # {"file", "id", "reason"}
 
 
-def part_name(index: int, attempt: int, n: int) -> str:
-    """A part's name: its task, the task's attempt (a retried task writes new files, never over
-    the files of an attempt that may still be running), and its number within the task."""
-    return f"part-{index:05d}-{attempt}-{n:03d}.parquet"
+#: Each task attempt writes into STAGING/ATTEMPTS/<task>-<attempt>/: a retried task never
+#: writes over an attempt that may still be running, and only the parts of the attempts Spark
+#: returned are moved out (the driver removes the rest with the folder).
+ATTEMPTS = "_attempts"
+
+
+def part_name(index: int, n: int) -> str:
+    return f"part-{index:05d}-{n:03d}.parquet"
 
 
 def run_task(ctx: TaskContext, index: int, attempt: int, files: list[SourceFile],
@@ -111,9 +115,10 @@ def run_task(ctx: TaskContext, index: int, attempt: int, files: list[SourceFile]
     # one part per task: the plan sized the task to the target file size
     whole_task = WriteOptions(target_file_size=2**62, row_group_size=ctx.write.row_group_size,
                               compression=ctx.write.compression, tensor_column=ctx.write.tensor_column)
-    parts = write_parts(Path(ctx.staging), ctx.schema, batches(), whole_task,
-                        part_name=lambda n: part_name(index, attempt, n))
-    result.parts = [{"file": p.file, "rows": p.rows} for p in parts]
+    folder = Path(ctx.staging) / ATTEMPTS / f"{index}-{attempt}"
+    folder.mkdir(parents=True)
+    parts = write_parts(folder, ctx.schema, batches(), whole_task, part_name=lambda n: part_name(index, n))
+    result.parts = [{"file": p.file, "rows": p.rows, "attempt": folder.name} for p in parts]
     return result
 
 

@@ -76,6 +76,14 @@ def test_the_databricks_delta_branch_writes_a_table_trainfeed_reads(tmp_path, sp
             got[sid] = (int(y), x.tobytes())
     assert got == {sid: (label, arr.tobytes()) for sid, (arr, label) in truth.items()}
 
+    # and `train` trains on it
+    from trainfeed.training.cli import app as train_app
+
+    res = run_cli(train_app, "--data", dst, "--epochs", "1", "--out", tmp_path / "run", "--width", "4",
+                  "--batch-size", "8", "--workers", "1", "--no-progress", "--json")
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout)["steps"] == 30 // 8
+
 
 def broken_source(src: Path) -> dict:
     """20 volumes, 4 of which convert rejects: corrupt, another shape, empty, no label."""
@@ -96,7 +104,7 @@ def test_rejects_are_reported_and_the_rest_is_written_bit_for_bit(tmp_path, spar
     src = tmp_path / "raw"
     good = broken_source(src)
     common = ["--src", str(src), "--to", to, "--labels", str(src / "labels.csv"), "--target-file-size", "32KB"]
-    with pytest.raises(Exception, match="files have no label"):
+    with pytest.raises(Exception, match=r"v006.npy: no label for id 'v006' in .*labels.csv \(files without a label: 1 of 20; nothing"):
         repack.repack(repack.parse_args(common + ["--dst", str(tmp_path / "failed")]), spark)
     summary = repack.repack(repack.parse_args(common + ["--dst", str(tmp_path / "out"), "--on-error", "skip"]), spark)
     assert (summary["samples"], summary["rejected"]) == (16, 4)
@@ -134,35 +142,44 @@ def test_tasks_are_runs_of_consecutive_ids_of_about_the_target_size():
     assert plan_tasks([], 100) == []
 
 
-def test_a_retried_task_leaves_only_its_last_attempt(tmp_path):
-    """Two attempts of one task (a failed one may leave files) write apart; the driver keeps the
-    part of the attempt Spark returned and removes the rest."""
+def test_task_attempts_write_apart(tmp_path):
+    """Two attempts of one task (Spark retries a failed one; the first may still be writing)
+    write into folders of their own, each a whole part of the task's files in id order."""
+    import pyarrow.parquet as pq
+
     from trainfeed.converters.labels import Labels
     from trainfeed.converters.options import WriteOptions
     from trainfeed.converters.sources import ImageOptions, list_source
     from trainfeed.converters.samples import SchemaGuard, load_sample
     from trainfeed.pipelines import repack
-    from trainfeed.pipelines.repack_tasks import TaskContext, run_task
+    from trainfeed.pipelines.repack_tasks import ATTEMPTS, TaskContext, run_task
 
     src = tmp_path / "raw"
     truth = write_volumes(src, 5, shape=SHAPE, seed=3, labels_csv=False)
     fs, listing = list_source(str(src))
+    first = load_sample(fs, "npy", listing.files[0], Labels(None), ImageOptions())
     guard = SchemaGuard("npy", ImageOptions())
-    guard.check(listing.files[0].path, load_sample(fs, "npy", listing.files[0], Labels(None), ImageOptions()))
+    guard.check(listing.files[0].path, first)
     schema = repack.DatasetSchema(fields=list(guard.specs), labeled=False)
-    staging = tmp_path / "staging"
-    staging.mkdir()
-    ctx = TaskContext(str(src), {}, "npy", schema, list(guard.specs), "v000", str(staging), WriteOptions(),
-                      listing.files[0].size, "fail", 2)
-    first, second = (run_task(ctx, 7, attempt, listing.files, None) for attempt in (0, 1))
-    assert [p["file"] for p in first.parts] != [p["file"] for p in second.parts]
-    repack._remove_strays(staging, {p["file"] for p in second.parts})
-    assert sorted(f.name for f in staging.iterdir()) == [p["file"] for p in second.parts]
-    import pyarrow.parquet as pq
+    ctx = TaskContext(str(src), {}, "npy", schema, list(guard.specs), "v000", str(tmp_path / "staging"),
+                      WriteOptions(), first.nbytes, "fail", 2)
+    results = [run_task(ctx, 7, attempt, listing.files, None) for attempt in (0, 1)]
+    assert [p["attempt"] for r in results for p in r.parts] == ["7-0", "7-1"]
+    for r in results:
+        (part,) = r.parts
+        table = pq.read_table(tmp_path / "staging" / ATTEMPTS / part["attempt"] / part["file"])
+        assert table.column("id").to_pylist() == sorted(truth)
+        assert [bytes(b) for b in table.column("volume").to_pylist()] == [truth[k][0].tobytes() for k in sorted(truth)]
 
-    table = pq.read_table(staging / second.parts[0]["file"])
-    assert table.column("id").to_pylist() == sorted(truth)  # one part, in id order
-    assert [bytes(b) for b in table.column("volume").to_pylist()] == [truth[k][0].tobytes() for k in sorted(truth)]
+
+def test_small_datasets_are_spread_over_every_core():
+    from trainfeed.converters.sources import SourceFile
+    from trainfeed.pipelines.repack import task_bytes
+
+    files = [SourceFile(f"v{i}", f"/d/v{i}.npy", 1000) for i in range(100)]
+    assert task_bytes(files, 128 * 2**20, 8) == 12_500  # 100 KB over 8 cores
+    assert task_bytes(files * 10_000, 1000, 8) == 1000  # large: the target
+    assert task_bytes([], 1000, 8) == 1
 
 
 def external_table_stand_in(spark, df, target, options: dict[str, str], overwrite: bool, optimize: bool) -> None:
@@ -220,13 +237,18 @@ def test_a_catalog_table_is_written_and_only_a_trainfeed_table_replaced(tmp_path
      "must be a path every node can write"),
     (["--table", "main.ml.vols", "--to", "delta", "--work-dir", "s3://b/tmp"], "must be a path every node can write"),
     (["--dst", "/o", "--to", "delta", "--read-threads", "-1"], "--read-threads must be 0 (auto) or more"),
+    (["--dst", "/o", "--to", "delta", "--target-file-size", "lots"], "--target-file-size: cannot parse 'lots'"),
+    # a mistyped credential is not echoed
+    (["--dst", "/o", "--to", "delta", "--storage-option", "account_key:PLANTED-SECRET"],
+     "--storage-option expects KEY=VALUE"),
 ])
 def test_options_that_do_not_fit_are_usage_errors(argv, message, capsys):
     from trainfeed.pipelines import repack
 
     with pytest.raises(SystemExit) as exc:
         repack.parse_args(["--src", "/in"] + argv)
-    assert exc.value.code == 2 and message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and message in err and "PLANTED" not in err
 
 
 def test_a_table_off_databricks_is_refused_with_what_to_do_instead(tmp_path, capsys):
@@ -323,4 +345,34 @@ def test_a_file_a_task_cannot_read_fails_the_job_with_trainfeed_s_message(tmp_pa
         repack.main(["--src", str(src), "--dst", str(tmp_path / "out.parquet"), "--to", "parquet"])
     assert exc.value.code == 1
     assert capsys.readouterr().err.startswith(f"error: {src / 'v002.npy'}: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["raw"]
+
+
+@pytest.mark.azurite
+def test_a_storage_failure_in_a_task_fails_the_job_with_trainfeed_s_message(tmp_path, spark, azurite_server,
+                                                                             monkeypatch, capsys):
+    """A read the storage does not answer in time, in an executor: the job fails with the
+    message convert gives (exit 1), not Spark's traces, and publishes nothing."""
+    import dataclasses
+
+    import fsspec
+
+    from trainfeed.pipelines import repack
+
+    write_volumes(tmp_path / "raw", 3, shape=SHAPE, seed=4, labels_csv=False)
+    fs = fsspec.filesystem("abfs", **azurite_server.storage_options)
+    fs.mkdir("repack-slow")
+    fs.put(str(tmp_path / "raw") + "/", "repack-slow/vols", recursive=True)
+    plan = repack.plan_tasks
+    # the executors' reads get a deadline no storage meets; the driver's listing and first read do not
+    monkeypatch.setattr(repack, "plan_tasks", lambda files, size: [
+        [dataclasses.replace(f, deadline=1e-6) for f in task] for task in plan(files, size)])
+    with pytest.raises(SystemExit) as exc:
+        repack.main(["--src", "abfs://repack-slow/vols", "--storage-option",
+                     f"connection_string={azurite_server.connection_string}", "--dst", str(tmp_path / "out.parquet"),
+                     "--to", "parquet"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 1
+    assert err.startswith("error: a Spark task failed: ") and "did not answer" in err, err
+    assert "Traceback" not in err and "AccountKey" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["raw"]
