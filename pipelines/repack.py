@@ -59,14 +59,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                        "(saveAsTable; managed unless --table-location)")
     ap.add_argument("--table-location", default=None, help="with --table: an external table at this URL")
     ap.add_argument("--work-dir", default=None, help="with --table: a folder every node reads and writes (a volume "
-                    "path) for the intermediate Parquet parts; removed afterwards")
-    ap.add_argument("--to", choices=("parquet", "delta"), required=True)
-    ap.add_argument("--labels", default=None, help="labels CSV (id,label)")
-    ap.add_argument("--on-error", choices=("fail", "skip"), default="fail")
-    ap.add_argument("--target-file-size", default="128MB")
-    ap.add_argument("--row-group-size", default="32MB")
-    ap.add_argument("--compression", default="none", choices=("none", "snappy", "zstd", "lz4", "gzip"))
-    ap.add_argument("--tensor-column", default="binary", choices=("binary", "list"))
+                    "path) for the intermediate Parquet parts (in a subfolder removed afterwards)")
+    ap.add_argument("--to", choices=("parquet", "delta"), required=True, help="the store's format")
+    ap.add_argument("--labels", default=None, help="labels CSV (id,label); else class subfolders, else none")
+    ap.add_argument("--on-error", choices=("fail", "skip"), default="fail",
+                    help="fail: any bad file fails the job and nothing is written; skip: write the rest and "
+                         "list the bad files in DST.rejects.jsonl (default: %(default)s)")
+    ap.add_argument("--target-file-size", default="128MB",
+                    help="source bytes per Spark task, one Parquet file each (default: %(default)s)")
+    ap.add_argument("--row-group-size", default="32MB", help="bytes per Parquet row group (default: %(default)s)")
+    ap.add_argument("--compression", default="none", choices=("none", "snappy", "zstd", "lz4", "gzip"),
+                    help="Parquet compression (default: %(default)s: float tensors barely compress)")
+    ap.add_argument("--tensor-column", default="binary", choices=("binary", "list"),
+                    help="tensors as raw bytes or as lists of numbers (default: %(default)s)")
     ap.add_argument("--read-threads", type=int, default=0, help="files each task reads at once; 0 = auto: 16 "
                     "for a cloud URL, 4 for a path (a volume's reads wait on the network too)")
     ap.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
