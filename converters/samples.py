@@ -57,11 +57,14 @@ def ordered_map(fn: Callable, items: list, workers: int, window_per_worker: int 
 class SchemaGuard:
     """Fixes each field's dtype and shape from the first valid sample; rejects samples that differ."""
 
-    def __init__(self, kind: str, image_opts: ImageOptions):
+    def __init__(self, kind: str, image_opts: ImageOptions, specs: list[FieldSpec] | None = None,
+                 first_id: str | None = None):
+        """``specs``/``first_id``: fields already fixed elsewhere (a Spark task holds its samples
+        to what the driver's first sample fixed); None: the first checked sample fixes them."""
         self.kind = kind
         self.image_opts = image_opts
-        self.specs: list[FieldSpec] | None = None
-        self.first_id: str | None = None
+        self.specs = None if specs is None else list(specs)
+        self.first_id = first_id
 
     def _spec(self, name: str, value) -> FieldSpec:
         encoding = field_encoding(self.kind, self.image_opts) if self.kind == IMAGE else RAW

@@ -76,8 +76,7 @@ def run_task(ctx: TaskContext, index: int, attempt: int, files: list[SourceFile]
              labels: dict[str, int] | None) -> TaskResult:
     """Read, check and write one task's files. A rejected file is reported, not written;
     with on_error "fail" the task stops at the first one (the driver then writes nothing)."""
-    guard = SchemaGuard(ctx.kind, ImageOptions())
-    guard.specs, guard.first_id = list(ctx.specs), ctx.first_id
+    guard = SchemaGuard(ctx.kind, ImageOptions(), ctx.specs, ctx.first_id)
     fs, _ = open_fs(ctx.src, ctx.storage_options)
     by_id = Labels(labels)
     result = TaskResult(index)
