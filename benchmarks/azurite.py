@@ -46,8 +46,19 @@ class Azurite(LocalServer):
 
     @property
     def storage_options(self) -> dict[str, str]:
-        """fsspec/adlfs options for abfs:// URLs against this emulator."""
+        """Storage options (fsspec's names) for abfs:// URLs against this emulator."""
         return {"connection_string": self.connection_string}
+
+    def create_container(self, name: str) -> None:
+        """Create container ``name`` if it is not there (object-store clients read and write
+        blobs; creating a container is the account's business, done here with Azure's SDK)."""
+        from azure.core.exceptions import ResourceExistsError
+        from azure.storage.blob import BlobServiceClient
+
+        try:
+            BlobServiceClient.from_connection_string(self.connection_string).create_container(name)
+        except ResourceExistsError:
+            pass
 
 
 def start(port: int | None = None, workdir: Path | None = None, timeout: float = 30.0) -> Azurite:
@@ -73,9 +84,7 @@ def main() -> None:
     except AzuriteError as exc:
         raise SystemExit(f"error: {exc}") from None
     with server:
-        import fsspec
-
-        fsspec.filesystem("abfs", **server.storage_options).mkdir(args.container, exist_ok=True)
+        server.create_container(args.container)
         print(f"Azurite is listening on {server.endpoint} with container {args.container!r}. Use it with:\n"
               f"  --storage-option 'connection_string={server.connection_string}'\n"
               f"or export AZURE_STORAGE_CONNECTION_STRING='{server.connection_string}'\n"

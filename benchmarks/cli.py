@@ -15,7 +15,7 @@ from trainfeed.converters.cli_common import exit_codes
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.progress import progress_bar
 from trainfeed.converters.redact import redact, redact_json
-from trainfeed.converters.remote_io import DEFAULT_IO_CONCURRENCY
+from trainfeed.converters.storage.fetch import DEFAULT_IO_CONCURRENCY
 
 from .catalog import CATALOG
 from .matrix import IMAGE_STORAGES, STORES

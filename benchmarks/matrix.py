@@ -20,7 +20,7 @@ import numpy as np
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.redact import redact, redact_obj, register_storage_options
 from trainfeed.converters.sources import ImageOptions
-from trainfeed.converters.remote_io import DEFAULT_IO_CONCURRENCY
+from trainfeed.converters.storage.fetch import DEFAULT_IO_CONCURRENCY
 from trainfeed.converters.stores import FORMATS
 from trainfeed.training.config import TrainConfig
 from trainfeed.training.metrics import StepTimer, UtilizationSampler, environment

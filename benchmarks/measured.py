@@ -2,7 +2,7 @@
 per sample, what computes a step, the loader and the storage a cell ran with."""
 from __future__ import annotations
 
-from trainfeed.converters.remote_io import PART_SIZE
+from trainfeed.converters.storage.fetch import PART_SIZE
 
 from .model import Device, Layout, Loader, Machine
 from .profiles import ObjectStore, load_object_store

@@ -30,7 +30,7 @@ import numpy as np
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.redact import redact, redact_url
-from trainfeed.converters.sources import is_local, open_fs
+from trainfeed.converters.storage.filesystems import is_local, open_fs
 
 from .profiles import ObjectStore
 

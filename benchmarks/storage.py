@@ -19,10 +19,12 @@ from typing import Callable, Iterator
 
 from trainfeed.converters.convert import ConvertConfig, convert
 from trainfeed.converters.errors import TrainfeedError, UsageError
-from trainfeed.converters.location import AZURE, S3, is_remote
+from trainfeed.converters.location import is_remote
+from trainfeed.converters.storage.config import AZURE, S3
 from trainfeed.converters.options import WriteOptions
 from trainfeed.converters.redact import redact_url, register_storage_options
-from trainfeed.converters.sources import ImageOptions, is_local, open_fs
+from trainfeed.converters.sources import ImageOptions
+from trainfeed.converters.storage.filesystems import is_local, open_fs
 
 #: The folder (under the backend's root) of the small files when they have to be copied there.
 SMALL_FILES = "small-files"
@@ -130,7 +132,7 @@ def open_backend(backend: Backend, log: Callable[[str], None]) -> Iterator[Backe
     register_storage_options(server.storage_options)
     log(f"storage: Azurite (Azure Blob API) on 127.0.0.1:{server.port}, container {CONTAINER}")
     try:
-        open_fs(f"abfs://{CONTAINER}", server.storage_options)[0].mkdir(CONTAINER)
+        server.create_container(CONTAINER)
         yield replace(backend, options=server.storage_options)
     finally:
         server.stop()

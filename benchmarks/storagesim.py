@@ -28,7 +28,7 @@ import fsspec
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 from fsspec.utils import tokenize
 
-from trainfeed.converters.sources import is_local
+from trainfeed.converters.storage.filesystems import is_local
 
 from .profiles import ObjectStore, load_object_store
 

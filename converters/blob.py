@@ -13,7 +13,7 @@ from .layout import DatasetSchema
 from .options import Columns, Pieces, ReadRequest, pick_field
 from .samples import SchemaGuard, load_sample
 from .location import locate
-from .remote_io import CachingFileSystem, open_fetcher
+from .storage.fetch import CachingFileSystem, open_fetcher
 from .sources import IMAGE, ImageOptions, SourceFile, is_local, list_source, read_bytes
 
 name = "blob"
@@ -28,7 +28,8 @@ def list_pieces(path, req: ReadRequest) -> Pieces:
     fs, listing = list_source(str(path), req.storage_options)
     if not is_local(fs):  # reads share the connection budget (and the disk cache, if any)
         fs = CachingFileSystem(open_fetcher(locate(str(path), req.storage_options), req.io_concurrency,
-                                            req.cache_dir, req.cache_limit))
+                                            req.cache_dir, req.cache_limit,
+                                            {f.path: f.identity for f in listing.files if f.identity}))
     labels = resolve_labels(listing.files, labels_csv=req.labels_csv, storage_options=req.storage_options)
     if labels.missing:
         raise TrainfeedError(f"{path}: {len(labels.missing)} files have no label in {req.labels_csv}, "

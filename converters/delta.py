@@ -30,7 +30,7 @@ from .layout import DATASET_META, ID, LABEL, DatasetSchema, arrow_schema, checke
 from .options import Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows, pick_field
 from .location import Location, as_location
 from .parquet import Part, file_pieces, ids_in, piece_file, row_group_samples, write_parts
-from .upload import Uploader
+from .storage.upload import Uploader
 # A Delta table's files are Parquet: its codecs and its read side are Parquet's.
 from .parquet import COMPRESSION_LEVELS, COMPRESSIONS, DEFAULT_COMPRESSION, UNIT, read_labels, read_piece  # noqa: F401
 from .sources import Sample

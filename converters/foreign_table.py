@@ -20,6 +20,7 @@ from . import delta, parquet
 from .errors import TrainfeedError
 from .foreign import ForeignSchema, check_columns, decode_ids, decode_tensors, resolve_encoding
 from .location import Location
+from .storage.native import Identity
 from .options import Columns, Pieces, ReadRequest, labels_array
 from .parquet import read_row_group
 
@@ -47,8 +48,9 @@ def list_pieces(loc: Location, fmt: str, req: ReadRequest, foreign: ForeignSchem
         listing = parquet.file_pieces(loc, schema, spec, files, sizes, req)
         listing.version = table.version()
     else:
-        files, sizes = _parquet_files(loc)
-        listing = parquet.file_pieces(loc, schema, spec, files, sizes, req)
+        files, objects = _parquet_files(loc)
+        sizes = objects and {f: o.size for f, o in objects.items()}
+        listing = parquet.file_pieces(loc, schema, spec, files, sizes, req, objects)
     if not listing.pieces or not sum(listing.rows):
         raise TrainfeedError(f"{loc.shown}: the table holds no rows")
     for f in listing.files:
@@ -63,16 +65,17 @@ def list_pieces(loc: Location, fmt: str, req: ReadRequest, foreign: ForeignSchem
     return listing
 
 
-def _parquet_files(loc: Location) -> tuple[list[str], dict[str, int] | None]:
-    """The data files of a Parquet folder (or the file itself) and, on object storage, their sizes."""
+def _parquet_files(loc: Location) -> tuple[list[str], dict[str, Identity] | None]:
+    """The data files of a Parquet folder (or the file itself) and, on object storage, their
+    versions (size, ETag: what the reader's requests and cached ranges are tied to)."""
     if loc.is_file():
-        return [loc.path], None if loc.local else {loc.path: int(loc.fs.info(loc.path)["size"])}
-    sizes = loc.sizes()
-    files = sorted(f for f in sizes if f.rsplit("/", 1)[-1].endswith(".parquet")
+        return [loc.path], None if loc.local else {loc.path: loc.identity()}
+    objects = loc.objects()
+    files = sorted(f for f in objects if f.rsplit("/", 1)[-1].endswith(".parquet")
                    and not f.rsplit("/", 1)[-1].startswith(("_", ".")))
     if not files:
         raise TrainfeedError(f"{loc.shown}: no Parquet files (*.parquet) directly in this folder")
-    return files, None if loc.local else sizes
+    return files, None if loc.local else objects
 
 
 def _arrow_schema(listing: Pieces, f: str):

@@ -25,7 +25,7 @@ from .layout import DATASET_META, ID, LABEL, DatasetSchema, FieldSpec, checked_s
 from .options import Columns, Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows, pick_field
 from .location import Location, as_location
 from .parquet import WRITER, read_manifest, write_manifest
-from .remote_io import Fetcher, RangeFile, open_fetcher
+from .storage.fetch import Fetcher, RangeFile, open_fetcher
 from .sources import Sample
 
 FORMAT = name = "hdf5"
@@ -297,8 +297,9 @@ class Opener:
     def at(cls, loc: Location, req: ReadRequest = ReadRequest()) -> "Opener":
         if loc.local:
             return cls()
-        sizes = {loc.path: loc.fs.size(loc.path)} if loc.is_file() else loc.sizes()
-        return cls(open_fetcher(loc, req.io_concurrency, req.cache_dir, req.cache_limit), sizes)
+        objects = {loc.path: loc.identity()} if loc.is_file() else loc.objects()
+        return cls(open_fetcher(loc, req.io_concurrency, req.cache_dir, req.cache_limit, objects),
+                   {f: o.size for f, o in objects.items()})
 
     def open(self, f: str) -> tuple[h5py.File, RangeFile | None]:
         if self.fetcher is None:

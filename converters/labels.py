@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from fsspec.exceptions import FSTimeoutError
 
 from .errors import TrainfeedError
-from .sources import SourceFile, call, call_timeout, is_local, no_answer, open_fs
+from .sources import SourceFile
+from .storage.config import call_timeout, no_answer
+from .storage.filesystems import call, is_local, open_fs
 
 #: An integer label: ASCII digits only (int() would also take "1_000" or Arabic-Indic digits).
 _INTEGER = re.compile(r"[+-]?[0-9]+")

@@ -75,7 +75,7 @@ class ReadRequest:
     version: int | None = None  # Delta: the table version
     labels_csv: str | None = None  # blob: labels as convert takes them
     storage_options: dict = field(default_factory=dict)
-    # stores on object storage (see converters/remote_io.py)
+    # stores on object storage (see converters/storage/fetch.py)
     io_concurrency: int = 8  # range requests in flight for the whole reader
     cache_dir: str | None = None  # keep what is read here, so that later epochs read local disk
     cache_limit: int = 10 * 10**9  # bytes the cache may hold

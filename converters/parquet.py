@@ -24,7 +24,8 @@ from .layout import (ID, LABEL, MANIFEST, DatasetSchema, FieldSpec, arrow_schema
 from .options import (Columns, Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows, labels_array,
                       pick_field)
 from .location import Location, as_location
-from .remote_io import Fetcher, RangeFile, open_fetcher
+from .storage.fetch import Fetcher, RangeFile, open_fetcher
+from .storage.native import Identity
 from .sources import Sample
 
 FORMAT = name = "parquet"
@@ -234,20 +235,25 @@ def list_pieces(path, req: ReadRequest) -> Pieces:
     schema = DatasetSchema.from_dict(manifest["schema"])
     spec = pick_field(schema, req.field_name, loc.shown)
     files = [loc.file(p["file"]) for p in manifest["parts"]]
-    listing = file_pieces(loc, schema, spec, files, None if loc.local else loc.sizes(), req)
+    objects = None if loc.local else loc.objects()
+    listing = file_pieces(loc, schema, spec, files, objects and {f: o.size for f, o in objects.items()}, req, objects)
     declared = {loc.file(part["file"]): part.get("rows") for part in manifest["parts"]}
     check_declared_rows(loc.shown, listing, declared, piece_file)
     return listing
 
 
 def file_pieces(loc: Location, schema: DatasetSchema, spec: FieldSpec, files: list[str], sizes: dict[str, int] | None,
-                req: ReadRequest) -> Pieces:
+                req: ReadRequest, identities: dict[str, Identity] | None = None) -> Pieces:
     """The row groups of ``files`` in ``loc``: read locally, or on object storage through range
-    requests (``sizes``: each file's size, from the caller's listing)."""
+    requests (``sizes``: each file's size, from the caller's listing or log; ``identities``:
+    each object's version, else one listing of ``loc`` gives them)."""
     if loc.local:
         return row_group_pieces(schema, spec, files)
-    return remote_row_group_pieces(schema, spec, files, sizes or {},
-                                   open_fetcher(loc, req.io_concurrency, req.cache_dir, req.cache_limit))
+    sizes = sizes or {}
+    identities = loc.objects() if identities is None else identities
+    versions = {f: identities.get(f) or Identity(sizes[f]) for f in files if f in sizes}
+    return remote_row_group_pieces(schema, spec, files, sizes,
+                                   open_fetcher(loc, req.io_concurrency, req.cache_dir, req.cache_limit, versions))
 
 
 def row_group_pieces(schema: DatasetSchema, spec: FieldSpec, files: list[str]) -> Pieces:

@@ -31,7 +31,7 @@ from .errors import TrainfeedError
 from .layout import MANIFEST
 from .location import Location
 from .stores import RUN_PART, identify
-from .upload import Uploader
+from .storage.upload import Uploader
 
 Check = Callable[[Location], "dict | None"]
 

@@ -21,26 +21,21 @@ import zlib
 from dataclasses import dataclass, field
 
 import fsspec
-import fsspec.asyn
 import numpy as np
 from fsspec.exceptions import FSTimeoutError
-from fsspec.implementations.local import LocalFileSystem
 from numpy.lib import format as npformat
 from PIL import Image, UnidentifiedImageError
 
 from .errors import SampleError, TrainfeedError, UsageError
 from .layout import IMAGE_BYTES, RAW, RESERVED, SUPPORTED_DTYPES
+from .storage.config import DEFAULT_CALL_TIMEOUT_S, call_timeout, no_answer  # noqa: F401  (re-exported)
+from .storage.filesystems import call, is_local, open_fs
+from .storage.native import Identity
 
 NPY, NPZ, IMAGE = "npy", "npz", "image"
 
 VOLUME_FIELD, IMAGE_FIELD = "volume", "image"
 _EXTENSIONS = {".npy": NPY, ".npz": NPZ, ".jpg": IMAGE, ".jpeg": IMAGE, ".png": IMAGE}
-
-#: Storage option read by trainfeed, not handed to fsspec: the seconds one call to a remote
-#: store (the folder check, one file's read, the labels file) may take, retries included.
-CALL_TIMEOUT = "call_timeout"
-DEFAULT_CALL_TIMEOUT_S = 30.0
-
 
 @dataclass(frozen=True)
 class SourceFile:
@@ -49,6 +44,7 @@ class SourceFile:
     size: int
     problem: str | None = None  # why the file cannot be a sample, found when listing it
     deadline: float | None = None  # seconds a read may take on a remote store, retries included (see call())
+    identity: Identity | None = None  # the version listed (object storage): what reads and the cache are tied to
 
 
 @dataclass
@@ -84,44 +80,6 @@ def printable(name: str) -> str:
         return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     except UnicodeEncodeError:  # a lone surrogate that no file name decoding produced
         return name.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def call_timeout(storage_options: dict | None) -> float | None:
-    """The ``call_timeout`` storage option in seconds (default 30; 0: no limit)."""
-    value = (storage_options or {}).get(CALL_TIMEOUT, DEFAULT_CALL_TIMEOUT_S)
-    try:
-        seconds = float(value) if not isinstance(value, bool) else -1.0
-    except ValueError:
-        seconds = -1.0
-    if seconds < 0 or math.isnan(seconds):
-        raise UsageError(f"--storage-option {CALL_TIMEOUT} expects a number of seconds (0: no limit), got {value!r}")
-    return seconds or None
-
-
-def call(fs: fsspec.AbstractFileSystem, method: str, *args, deadline: float | None = None, **kwargs):
-    """``fs.method(*args, **kwargs)``; on an async filesystem (abfs, s3, gcs, http) limited to
-    ``deadline`` seconds by fsspec's own time limit, which cancels the call and its retries."""
-    if deadline and getattr(fs, "async_impl", False):
-        return fsspec.asyn.sync(fs.loop, getattr(fs, f"_{method}"), *args, timeout=deadline, **kwargs)
-    return getattr(fs, method)(*args, **kwargs)
-
-
-def no_answer(url: str, deadline: float | None) -> str:
-    return (f"{url}: the storage did not answer within {deadline:g} s (retries included); check that it is "
-            f"reachable, or allow longer with --storage-option {CALL_TIMEOUT}=SECONDS")
-
-
-def open_fs(url: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
-    """fsspec filesystem and root path for a local path or a URL (abfs://, az://, s3://, gs://, ...)."""
-    options = {k: v for k, v in (storage_options or {}).items() if k != CALL_TIMEOUT}
-    try:
-        return fsspec.core.url_to_fs(url, **options)
-    except (ImportError, ValueError) as exc:
-        raise UsageError(f"{url}: cannot open this location: {exc}") from exc
-
-
-def is_local(fs: fsspec.AbstractFileSystem) -> bool:
-    return isinstance(fs, LocalFileSystem)
 
 
 _SPECIAL_FILES = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
@@ -185,7 +143,9 @@ def list_source(url: str, storage_options: dict | None = None) -> tuple[fsspec.A
             raise TrainfeedError(f"{url}: files {seen[stem]!r} and {shown!r} map to the same sample id {stem!r}")
         seen[stem] = shown
         problem = _listing_problem(fs, path, rel, info)
-        by_kind.setdefault(kind, []).append(SourceFile(stem, path, int(info.get("size") or 0), problem, deadline))
+        identity = None if is_local(fs) else Identity.of(info)
+        by_kind.setdefault(kind, []).append(SourceFile(stem, path, int(info.get("size") or 0), problem, deadline,
+                                                       identity))
     if not by_kind:
         hint = f" ({len(ignored)} other files ignored)" if ignored else ""
         raise TrainfeedError(f"{url}: no .npy, .npz, .jpg, .jpeg or .png files found{hint}")

@@ -19,7 +19,8 @@ from trainfeed.converters.layout import DatasetSchema, FieldSpec
 from trainfeed.converters.options import WriteOptions
 from trainfeed.converters.parquet import write_parts
 from trainfeed.converters.samples import SchemaGuard, load_sample, ordered_map
-from trainfeed.converters.sources import ImageOptions, Sample, SourceFile, open_fs
+from trainfeed.converters.sources import ImageOptions, Sample, SourceFile
+from trainfeed.converters.storage.filesystems import open_fs
 
 
 def plan_tasks(files: list[SourceFile], target_bytes: int) -> list[list[SourceFile]]:

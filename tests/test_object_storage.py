@@ -99,7 +99,7 @@ class Backend:
         return {p.split("/", 1)[1]: fs.cat_file(p) for p in fs.find(bucket)}
 
     def delta_options(self) -> dict:
-        from trainfeed.converters.location import object_store_options
+        from trainfeed.converters.storage.config import object_store_options
 
         return object_store_options(self.scheme, self.options)
 

@@ -27,7 +27,8 @@ from typing import Iterator
 
 import numpy as np
 
-from trainfeed.converters import delta, foreign_table, remote_io
+from trainfeed.converters import delta, foreign_table
+from trainfeed.converters.storage import fetch
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.foreign import HINT as FOREIGN_HINT, ForeignSchema
 from trainfeed.converters.location import Location, is_remote, locate
@@ -57,7 +58,7 @@ class ReaderOptions:
     storage_options: dict = field(default_factory=dict)
     drop_last: bool = True
     # stores on object storage: range requests in flight, and an optional local disk cache
-    io_concurrency: int = remote_io.DEFAULT_IO_CONCURRENCY
+    io_concurrency: int = fetch.DEFAULT_IO_CONCURRENCY
     cache_dir: str | None = None
     cache_limit: int = 10 * 10**9
     # encoded images: the size (H, W) they are decoded to (default: the store's), and training augmentation
@@ -273,7 +274,7 @@ def reading_threads(store: Store, opts: ReaderOptions) -> int:
     if store.local:
         return opts.workers
     piece_bytes = store.spec.sample_nbytes * store.samples / max(1, len(store.pieces)) if store.spec.sample_nbytes else 0
-    parts = max(1, math.ceil(piece_bytes / remote_io.PART_SIZE))
+    parts = max(1, math.ceil(piece_bytes / fetch.PART_SIZE))
     return max(opts.workers, math.ceil(opts.io_concurrency / parts))
 
 

@@ -1,5 +1,5 @@
-"""The object-storage read path's parts: range fetches split across connections, the disk
-cache's limit, and h5py reading through a RangeFile while garbage collection runs."""
+"""The object-storage read path's parts: range fetches split across connections into buffers
+read without copies, and h5py reading through a RangeFile while garbage collection runs."""
 from __future__ import annotations
 
 import gc
@@ -10,46 +10,51 @@ import h5py
 import numpy as np
 import pytest
 
-from trainfeed.converters.remote_io import DiskCache, Fetcher, RangeFile
+from trainfeed.converters.storage.fetch import Fetcher, RangeFile, Span
+from trainfeed.converters.storage.filesystems import open_fs
+from trainfeed.converters.storage.native import ObjectChanged
 
 
 def test_a_range_split_into_parts_reads_the_same_bytes(tmp_path):
     data = np.random.default_rng(0).integers(0, 256, 1000, dtype=np.uint8).tobytes()
     (tmp_path / "obj").write_bytes(data)
     fetcher = Fetcher(fsspec.filesystem("file"), io_concurrency=3, part_size=64)
-    assert fetcher.fetch(str(tmp_path / "obj"), 5, 947) == data[5:947]
+    span = fetcher.fetch(str(tmp_path / "obj"), 5, 947)
+    assert len(span.parts) == 15 and span.tobytes() == data[5:947]
     file = RangeFile(fetcher, str(tmp_path / "obj"), len(data))
     file.prefetch(100, 300)
     file.seek(120)
-    assert file.read(50) == data[120:170]
+    assert bytes(file.read(50)) == data[120:170]
+    file.seek(150)  # across the parts' boundary at 164
+    assert bytes(file.read(40)) == data[150:190]
+    buffer = bytearray(30)
+    file.seek(290)  # past the span's end: block reads
+    assert file.readinto(buffer) == 30 and bytes(buffer) == data[290:320]
     file.seek(-10, 2)
-    assert file.read() == data[-10:]
+    assert bytes(file.read()) == data[-10:]
+
+
+def test_reads_inside_one_part_are_views_of_the_fetched_buffer():
+    part = bytearray(b"abcdefgh")
+    span = Span(100, [part, b"ijkl"])
+    view = span.view(102, 3)
+    part[2:5] = b"XYZ"  # the view sees the buffer: no copy was made
+    assert bytes(view) == b"XYZ"
+    assert bytes(span.view(106, 4)) == b"ghij"  # crosses two parts: joined
+    assert span.end == 112 and len(span) == 12
 
 
 def test_a_short_object_is_an_error_not_short_data(tmp_path):
     (tmp_path / "obj").write_bytes(b"x" * 10)
-    with pytest.raises(OSError, match="asked for bytes 0-20, got 10"):
+    with pytest.raises(ObjectChanged, match="cut short: asked for bytes 0-20, got 10"):
         Fetcher(fsspec.filesystem("file")).fetch(str(tmp_path / "obj"), 0, 20)
-
-
-def test_the_disk_cache_keeps_within_its_limit_dropping_the_least_recently_used(tmp_path):
-    cache = DiskCache(tmp_path / "c", limit=100)
-    for key in ("a", "b"):
-        cache.put(key, key.encode() * 40)
-    assert cache.get("a") == b"a" * 40  # "a" is now the most recently used
-    cache.put("c", b"c" * 40)
-    assert cache.get("b") is None and cache.get("a") == b"a" * 40 and cache.get("c") == b"c" * 40
-    assert cache.bytes <= 100
-    assert DiskCache(tmp_path / "c", limit=100).get("c") == b"c" * 40  # survives the process
-    cache.put("big", b"x" * 101)  # larger than the whole cache: not kept
-    assert cache.get("big") is None
 
 
 @pytest.mark.azurite
 def test_h5py_reads_through_object_storage_while_garbage_collection_runs(azurite_server, tmp_path):
     """h5py holds its global lock while it calls the file's read, and the request runs on
-    fsspec's loop thread: a collection there freeing an h5py object used to deadlock until the
-    call timed out (seen in about one in 25 reads with this much garbage)."""
+    another thread: a collection there freeing an h5py object used to deadlock until the call
+    timed out (seen in about one in 25 reads with this much garbage)."""
     local = tmp_path / "s.h5"
     with h5py.File(local, "w") as h5:
         h5["x"] = np.arange(600, dtype=np.float32).reshape(60, 10)
@@ -60,7 +65,7 @@ def test_h5py_reads_through_object_storage_while_garbage_collection_runs(azurite
         def __init__(self):
             self.me, self.h5 = self, h5py.File(local, "r")
 
-    fetcher_fs = fsspec.filesystem("abfs", **azurite_server.storage_options)
+    fetcher_fs, _ = open_fs("abfs://gc-pause", azurite_server.storage_options)
     thresholds = gc.get_threshold()
     gc.set_threshold(50)
     try:

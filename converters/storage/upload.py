@@ -11,9 +11,10 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import suppress
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from .location import Location
+if TYPE_CHECKING:  # the storage layer does not import what sits above it
+    from ..location import Location
 
 
 class Uploader:
@@ -21,7 +22,7 @@ class Uploader:
     locally. Used as a context manager: leaving it by an exception cancels what is pending and
     removes what was uploaded (best effort: a leftover is never referenced by a commit)."""
 
-    def __init__(self, loc: Location, folder: Path, rename: Callable[[str], str] = str, workers: int = 4):
+    def __init__(self, loc: "Location", folder: Path, rename: Callable[[str], str] = str, workers: int = 4):
         self.loc, self.folder, self.rename = loc, folder, rename
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="trainfeed-upload")
         self._slots = threading.BoundedSemaphore(2 * workers)

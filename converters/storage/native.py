@@ -1,0 +1,313 @@
+"""Azure Blob, S3 and GCS through obstore (Rust ``object_store``, the client delta-rs uses),
+behind fsspec's file system interface.
+
+The hot paths (range reads, uploads) call obstore directly: each request runs in Rust with
+the GIL released, and a range arrives as one ``obstore.Bytes`` buffer that readers view
+without copying. The rest of trainfeed (listing a folder, manifests, publishing) sees an
+ordinary fsspec file system (``NativeFileSystem``), so local paths, these stores and any
+other fsspec URL share one code path. Paths are fsspec's: ``bucket/key`` (``container/key``).
+
+Errors become the exceptions fsspec callers already handle: ``FileNotFoundError``,
+``PermissionError``, and ``FSTimeoutError`` when the store did not answer within the
+``call_timeout`` (retries with backoff included); ``ObjectChanged`` when an object no longer
+is the version a reader opened (HTTP 412 on ``If-Match``, or gone).
+"""
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import obstore
+from fsspec.exceptions import FSTimeoutError
+from fsspec.spec import AbstractFileSystem
+from obstore.exceptions import BaseError, PermissionDeniedError, PreconditionError, UnauthenticatedError
+from obstore.store import AzureStore, GCSStore, S3Store
+
+from ..errors import TrainfeedError
+from ..redact import redact
+from .config import AZURE, GCS, S3, client_settings
+
+#: Bytes per block of a multipart (S3, GCS) or block-blob (Azure) upload, and blocks in flight.
+UPLOAD_CHUNK = 16 << 20
+UPLOAD_CONCURRENCY = 8
+
+
+_STATUS = re.compile(r"status code: (\d{3})")
+
+
+class StorageError(TrainfeedError, OSError):
+    """The storage kept failing (an error status, retries included): the run cannot go on."""
+
+
+class AccessDenied(TrainfeedError, PermissionError):
+    """The storage refused the credentials (HTTP 401/403), e.g. a token that expired."""
+
+
+class ObjectChanged(TrainfeedError):
+    """An object is no longer the version a reader opened: replaced or deleted meanwhile."""
+
+
+def changed_message(url: str, how: str = "replaced") -> str:
+    return f"{url}: the store changed while it was being read (an object was {how}); reopen it"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Which version of an object: what a cached range and a conditional read are keyed on."""
+
+    size: int
+    etag: str | None = None  # without quotes (listings and HEAD spell it differently)
+    version: str | None = None
+    modified: str | None = None  # ISO time
+
+    @property
+    def token(self) -> str:
+        return f"{self.etag or ''}|{self.version or ''}|{self.size}|{self.modified or ''}"
+
+    @classmethod
+    def of(cls, info: dict) -> "Identity":
+        """From an fsspec ``info`` / ``ls(detail=True)`` entry, this module's or another file system's."""
+        etag = info.get("e_tag") or info.get("ETag") or info.get("etag")
+        modified = info.get("last_modified") or info.get("LastModified") or info.get("mtime") \
+            or info.get("created")
+        if isinstance(modified, datetime):
+            modified = modified.isoformat()
+        return cls(int(info.get("size") or 0), str(etag).strip('"') if etag else None,
+                   info.get("version") or info.get("VersionId"), str(modified) if modified is not None else None)
+
+
+class NativeFileSystem(AbstractFileSystem):
+    """fsspec's interface over one account / endpoint of Azure Blob, S3 or GCS."""
+
+    protocol = AZURE + S3 + GCS
+    root_marker = ""
+
+    def __init__(self, scheme: str, storage_options: dict | None = None, deadline: float | None = None,
+                 account: str | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.scheme, self.deadline = scheme, deadline
+        options = dict(storage_options or {})
+        if account and scheme in AZURE:
+            options.setdefault("account_name", account)
+        self._settings = client_settings(scheme, options, deadline)
+        self._stores: dict[str, object] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ the stores
+
+    def store(self, bucket: str):
+        """The obstore store of one bucket (container), built once and shared by every thread."""
+        with self._lock:
+            store = self._stores.get(bucket)
+            if store is None:
+                config, client, retry = self._settings
+                cls = AzureStore if self.scheme in AZURE else S3Store if self.scheme in S3 else GCSStore
+                try:
+                    store = cls(bucket, config=config, client_options=client, retry_config=retry)
+                except BaseError as exc:
+                    raise TrainfeedError(redact(f"{self.scheme}://{bucket}: cannot open this storage: "
+                                                f"{_first_line(exc)}")) from None
+                self._stores[bucket] = store
+        return store
+
+    def split(self, path: str) -> tuple[object, str]:
+        """(store, key) of an fsspec path ``bucket/key``."""
+        bucket, _, key = self._strip_protocol(path).partition("/")
+        return self.store(bucket), key
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        path = str(path)
+        if "://" in path:
+            path = path.split("://", 1)[1]
+        head, _, rest = path.partition("/")
+        if "@" in head:
+            left, right = head.split("@", 1)
+            # user:password@bucket (credentials in the URL: ignored) or
+            # abfss://container@account.dfs.core.windows.net/path
+            head = right if ":" in left else left
+        return f"{head}/{rest}".rstrip("/") if rest else head.rstrip("/")
+
+    def unstrip_protocol(self, name: str) -> str:
+        return f"{self.scheme}://{self._strip_protocol(name)}"
+
+    def _run(self, path: str, fn, *args, **kwargs):
+        """``fn(*args)``, with obstore's errors as fsspec callers expect them."""
+        began = time.monotonic()
+        try:
+            return fn(*args, **kwargs)
+        except PreconditionError:
+            raise ObjectChanged(changed_message(self.unstrip_protocol(path))) from None
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self.unstrip_protocol(path)}: not found") from None
+        except (PermissionDeniedError, UnauthenticatedError, PermissionError) as exc:
+            raise AccessDenied(f"{self.unstrip_protocol(path)}: access denied: the credentials were refused or "
+                               f"have expired ({_first_line(exc)})") from None
+        except FileExistsError:
+            raise
+        except BaseError as exc:
+            text = _first_line(exc)
+            status = _STATUS.search(text)
+            if status is None:  # no answer at all: refused, reset or timed out, retries included
+                raise FSTimeoutError(f"{self.unstrip_protocol(path)}: {text}") from None
+            raise StorageError(f"{self.unstrip_protocol(path)}: the storage answered HTTP {status.group(1)} for "
+                               f"{time.monotonic() - began:.0f} s, retries included") from None
+
+    # ------------------------------------------------------------------ reads
+
+    def get_range(self, path: str, start: int, end: int, identity: Identity | None = None):
+        """Bytes ``start:end`` as one ``obstore.Bytes`` (a buffer: no copy into Python); with
+        ``identity``, only from that version of the object (else ``ObjectChanged``)."""
+        store, key = self.split(path)
+        if end <= start:
+            return b""
+        if identity is None or not (identity.etag or identity.version):
+            return self._run(path, obstore.get_range, store, key, start=start, end=end)
+        options = {"range": (start, end)}
+        if identity.etag:
+            options["if_match"] = f'"{identity.etag}"'
+        if identity.version:
+            options["version"] = identity.version
+        try:
+            return self._run(path, lambda: obstore.get(store, key, options=options).bytes())
+        except FileNotFoundError:
+            raise ObjectChanged(changed_message(self.unstrip_protocol(path), "deleted")) from None
+        except ObjectChanged:  # some stores answer a condition on a deleted object with 412
+            if self.exists(path):
+                raise
+            raise ObjectChanged(changed_message(self.unstrip_protocol(path), "deleted")) from None
+
+    def cat_file(self, path, start=None, end=None, **kwargs):
+        store, key = self.split(path)
+        if start is None and end is None:
+            return bytes(self._run(path, lambda: obstore.get(store, key).bytes()))
+        start = start or 0
+        if end is None or start < 0 or end < 0:
+            size = self.info(path)["size"]
+            start = start + size if start < 0 else start
+            end = size if end is None else end + size if end < 0 else end
+        return bytes(self._run(path, obstore.get_range, store, key, start=start, end=max(start, end)))
+
+    def info(self, path, **kwargs):
+        path = self._strip_protocol(path)
+        store, key = self.split(path)
+        if key:
+            try:
+                return self._entry(path.split("/", 1)[0], self._run(path, obstore.head, store, key))
+            except (FileNotFoundError, OSError) as exc:
+                if not isinstance(exc, FileNotFoundError) and "404" not in str(exc):
+                    raise
+        listed = self._run(path, obstore.list_with_delimiter, store, key or None)
+        if key and not (listed["objects"] or listed["common_prefixes"]):
+            raise FileNotFoundError(self.unstrip_protocol(path))
+        return {"name": path, "size": 0, "type": "directory"}
+
+    def exists(self, path, **kwargs):
+        """Whether anything is at ``path``; a storage that fails says so (fsspec's default would
+        call that "not there")."""
+        try:
+            self.info(path)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def ls(self, path, detail=True, **kwargs):
+        path = self._strip_protocol(path)
+        bucket = path.split("/", 1)[0]
+        store, key = self.split(path)
+        listed = self._run(path, obstore.list_with_delimiter, store, key or None)
+        entries = [self._entry(bucket, meta) for meta in listed["objects"]]
+        entries += [{"name": f"{bucket}/{p}", "size": 0, "type": "directory"} for p in listed["common_prefixes"]]
+        if not entries:
+            entries = [self.info(path)]  # a file lists as itself; a missing path raises
+            if entries[0]["type"] == "directory":
+                entries = []
+        entries.sort(key=lambda e: e["name"])
+        return entries if detail else [e["name"] for e in entries]
+
+    def find(self, path, maxdepth=None, withdirs=False, detail=False, **kwargs):
+        """Every object under ``path``: one flat listing (pages of up to 1,000 keys), no walk."""
+        path = self._strip_protocol(path)
+        bucket = path.split("/", 1)[0]
+        store, key = self.split(path)
+        out = {}
+        for chunk in self._run(path, lambda: list(obstore.list(store, f"{key}/" if key else None))):
+            for meta in chunk:
+                entry = self._entry(bucket, meta)
+                depth = entry["name"][len(path):].strip("/").count("/") + 1
+                if maxdepth is None or depth <= maxdepth:
+                    out[entry["name"]] = entry
+        if not out and key:
+            try:
+                info = self.info(path)
+                if info["type"] == "file":
+                    out[path] = info
+            except FileNotFoundError:
+                pass
+        return out if detail else sorted(out)
+
+    @staticmethod
+    def _entry(bucket: str, meta: dict) -> dict:
+        return {"name": f"{bucket}/{meta['path']}", "size": meta["size"], "type": "file",
+                "e_tag": (meta.get("e_tag") or "").strip('"') or None, "last_modified": meta.get("last_modified"),
+                "version": meta.get("version")}
+
+    def identity(self, path: str) -> Identity:
+        return Identity.of(self.info(path))
+
+    # ------------------------------------------------------------------ writes
+
+    def pipe_file(self, path, value, **kwargs):
+        store, key = self.split(path)
+        self._run(path, obstore.put, store, key, bytes(value))
+
+    def put_file(self, lpath, rpath, **kwargs):
+        """Upload a local file: in blocks of ``UPLOAD_CHUNK``, ``UPLOAD_CONCURRENCY`` in flight,
+        committed as one object at the end (a failed upload leaves no object)."""
+        store, key = self.split(rpath)
+        self._run(rpath, obstore.put, store, key, Path(lpath), chunk_size=UPLOAD_CHUNK,
+                  max_concurrency=UPLOAD_CONCURRENCY)
+
+    def rm_file(self, path):
+        store, key = self.split(path)
+        self._run(path, obstore.delete, store, key)
+
+    def _rm(self, path):
+        self.rm_file(path)
+
+    def rm(self, path, recursive=False, maxdepth=None):
+        paths = [path] if isinstance(path, str) else list(path)
+        targets: list[str] = []
+        for p in paths:
+            p = self._strip_protocol(p)
+            found = self.find(p) if recursive else []
+            targets.extend(found or [p])
+        missing = None
+        for p in dict.fromkeys(targets):  # every path is tried; a missing one is reported at the end
+            try:
+                self.rm_file(p)
+            except FileNotFoundError as exc:
+                missing = missing or exc
+        if missing is not None and not recursive:
+            raise missing
+
+    def mkdir(self, path, create_parents=True, **kwargs):
+        pass  # object stores have no folders: a key's prefix is enough
+
+    def makedirs(self, path, exist_ok=False):
+        pass
+
+    def _open(self, path, mode="rb", **kwargs):
+        raise NotImplementedError(f"{self.unstrip_protocol(path)}: trainfeed reads objects in ranges, not as "
+                                  "open files (storage/fetch.py)")
+
+
+def _first_line(exc: Exception) -> str:
+    """obstore's message without its debug dump, secrets removed (a request URL may carry a SAS token)."""
+    text = str(exc).strip().split("\n\nDebug source:")[0]
+    return redact(" ".join(text.split())[:400])
+
