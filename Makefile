@@ -29,7 +29,7 @@ define make_venv
 	$(2)/bin/python -m pip install -q -c $(3) torch
 	$(2)/bin/python -m pip install -q -c $(3) -e '.[$(4)]'
 endef
-MAIN_EXTRAS := tf,spark,gpu,s3,dev
+MAIN_EXTRAS := tf,spark,gpu,dev
 PS_EXTRAS   := petastorm,spark,dev
 
 # Azurite (the Azure Blob emulator) comes from npm: package.json / package-lock.json.
