@@ -14,7 +14,7 @@ PS_VENV  := .venv-petastorm
 PS_PY    := $(PS_VENV)/bin/python
 DEMO     ?= demo-out
 
-.PHONY: install test test-fast demo bench-convert bench-loader bench-remote bench-decode clean
+.PHONY: install test test-fast demo bench-convert bench-loader bench-remote bench-decode bench-io clean
 
 install: $(VENV)/.installed $(PS_VENV)/.installed
 
@@ -32,7 +32,8 @@ endef
 MAIN_EXTRAS := tf,spark,gpu,dev
 PS_EXTRAS   := petastorm,spark,dev
 
-# Azurite (the Azure Blob emulator) comes from npm: package.json / package-lock.json.
+# Azurite (the Azure Blob emulator) and s3rver (a file-backed S3 server, for bench-io) come from
+# npm: package.json / package-lock.json.
 $(VENV)/.installed: pyproject.toml constraints/dev.txt package.json
 	$(call make_venv,$(PYTHON),$(VENV),constraints/dev.txt,$(MAIN_EXTRAS))
 	npm install --no-audit --no-fund --loglevel=error
@@ -74,6 +75,12 @@ bench-remote: $(VENV)/.installed
 bench-decode: $(VENV)/.installed
 	mkdir -p bench-out
 	$(PY) -m trainfeed.benchmarks.decode_bench | tee bench-out/decode.jsonl
+
+# Object-storage reads next to the native client's floor, on Azurite and s3rver (JSON lines
+# in bench-out/io.jsonl, the summary table on stderr)
+bench-io: $(VENV)/.installed
+	mkdir -p bench-out
+	$(PY) -m trainfeed.benchmarks.io_bench > bench-out/io.jsonl
 
 clean:
 	rm -rf $(VENV) $(PS_VENV) $(DEMO) bench-out .pytest_cache build dist
