@@ -9,10 +9,10 @@ import statistics
 from dataclasses import dataclass, replace
 
 from .catalog import DbuRate, Instance
-from .cost import (Workload, cpu_device, machine_of_instance, mark_extremes, project_catalog, projection_row,
-                   recommend, store_layout)
-from .measured import loader_of, storage_of
-from .model import Device, Loader, Machine
+from .cost import (GPU_PROFILES, Workload, cpu_device, gpu_device, machine_of_instance, mark_extremes,
+                   project_catalog, projection_row, recommend, store_layout)
+from .measured import device_of, loader_of, storage_of
+from .model import Device, Loader, Machine, feed
 from .profiles import Accelerator, ObjectStore
 from .remedies import remedies
 from .scenario import Scenario
@@ -81,8 +81,9 @@ def node_machine(cells: list[dict], node: str) -> Machine | None:
     if node == "cpu":
         device = cpu_device(cells)
     else:
-        co = mine[0]["compute_only"]
-        device = Device(node, 1, statistics.median(c["compute_only"]["step_s"] for c in mine), co["how"])
+        devices = [device_of(c) for c in mine]
+        device = Device(node, 1, statistics.median(d.step_s for d in devices), devices[0].how,
+                        statistics.median(d.host_cpu_s for d in devices))
     name = (f"cpu: this machine ({cores} vCPUs)" if node == "cpu"
             else f"{node} ({device.how}) on this machine ({cores} vCPUs)")
     return Machine(name, cores, device)
@@ -100,7 +101,7 @@ def build_advice(cells: list[dict], catalog: list[Instance], dbu: dict[str, DbuR
             machine = node_machine(cells, node)
             measured = {c["store"] for c in cells if c["kind"] == "cell" and c["node"] == node}
             if machine is not None:  # a store whose cell on this node failed is not projected onto it
-                headline.append({"node": node, "rows": [
+                headline.append({"node": node, "machine": machine, "rows": [
                     projection_row(machine, store_layout(cells, o.store), o.loader, plan.storage, batch, plan.workload)
                     | {"option": o.label} for o in opts if o.store in measured]})
     else:
@@ -133,10 +134,31 @@ def build_advice(cells: list[dict], catalog: list[Instance], dbu: dict[str, DbuR
                          plan.reader, plan.storage, plan.workload, by_store, accelerators=accs, dbu=dbu)
              for s in encoded}
     return {"plan": plan, "options": opts, "headline": headline, "projections": projections,
+            "feeds": feeds(cells, catalog, plan, opts, headline, accs),
             "remedies": {s: r for s, r in fixes.items() if r},
             "recommendation": recommend(projections),
             "gains": [gains(h, plan) for h in headline],
             "reference": reference(headline, plan) if plan.scenario else None}
+
+
+def feeds(cells: list[dict], catalog: list[Instance], plan: Plan, opts: list[Option], headline: list[dict],
+          accelerators: dict[str, Accelerator]) -> list[dict]:
+    """Per GPU (the headline's, then each GPU of the catalog that has a profile): what feeding one
+    of it at its own rate from the plan's storage takes with each option: GB/s, and the vCPUs
+    busy for it (the storage client's I/O, decode, the framework)."""
+    if not opts:
+        return []
+    ref = next(c for c in cells if c["kind"] == "cell")
+    devices: dict[str, Device] = {}
+    for h in headline:
+        if h["machine"].device.is_gpu:
+            devices.setdefault(h["machine"].device.name, h["machine"].device)
+    models = dict.fromkeys(i.gpu_model for i in catalog if i.gpus and i.gpu_model in GPU_PROFILES)
+    for gpu in sorted((gpu_device(m, 1, ref, accelerators) for m in models), key=lambda d: -d.step_s):
+        devices.setdefault(gpu.name, gpu)  # the catalog's GPUs, slowest first
+    layouts = {o.store: store_layout(cells, o.store) for o in opts}
+    return [{"device": d, "feeds": {o.label: feed(d, layouts[o.store], o.loader, plan.storage, ref["batch_size"])
+                                    for o in opts}} for d in devices.values()]
 
 
 def _with_efficiency(accelerators: dict[str, Accelerator], scenario: Scenario | None) -> dict[str, Accelerator]:

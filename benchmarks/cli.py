@@ -262,7 +262,9 @@ def calibrate(
 
 @app.command(help="Measure an object store (or any folder or fsspec URL) the way the latency emulation models "
                   "one: the request-time distribution of small GETs (p50/p90/p99), single-stream bandwidth of large "
-                  "range reads, and throughput at concurrency 1, 2, 4, ... --max-concurrency. Probe objects are "
+                  "range reads, throughput at concurrency 1, 2, 4, ... --max-concurrency, and the client's CPU-seconds "
+                  "per GB at 1, 8 and 32 requests in flight (process CPU time; those up to --max-concurrency), read "
+                  "through trainfeed's own client as the reader reads. Probe objects are "
                   "written under URL/_trainfeed-probe-<id>/ and deleted afterwards, also on failure or Ctrl-C. "
                   "--out saves a profile (kind \"probed\") that --storage-profile and the emulation accept. Progress on "
                   "stderr, a table (or --json: the profile) on stdout.")
@@ -277,7 +279,8 @@ def probe(
     large_size: str = typer.Option("32MB", "--large-size", help="Size of the large range reads (bandwidth); the "
                                    "concurrency sweep reads ranges of an eighth of it."),
     samples: int = typer.Option(50, "--samples", help="Small GETs timed, one at a time."),
-    max_concurrency: int = typer.Option(64, "--max-concurrency", help="Highest concurrency of the sweep (powers of 2)."),
+    max_concurrency: int = typer.Option(64, "--max-concurrency", help="Highest concurrency of the sweep (powers of 2) "
+                                        "and of the client-CPU measurement."),
     existing: bool = typer.Option(False, "--existing", help="Read objects already under URL instead of writing "
                                   "probe objects (read-only credentials)."),
     as_json: bool = typer.Option(False, "--json", help="Print the profile as JSON."),

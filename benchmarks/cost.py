@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from .catalog import DbuRate, Instance, hourly_cost
 from .measured import device_of, layout_of
-from .model import COMPUTE, Device, Layout, Loader, Machine, Projection, project
+from .model import COMPUTE, Device, Layout, Loader, Machine, Projection, feed, project
 from .profiles import ACCELERATORS, Accelerator, ObjectStore, calibration_key, step_seconds
 
 GPU_PROFILES = {"NVIDIA T4": "t4", "NVIDIA V100": "v100", "NVIDIA A10G": "a10g", "NVIDIA A100": "a100",
@@ -105,7 +105,8 @@ def projection_row(machine: Machine, layout: Layout, loader: Loader, storage: Ob
         layout = replace(layout, cpu_s_per_sample=layout.cpu_s_per_sample / cpu_speed)
     proj: Projection = project(machine, layout, loader, storage, batch)
     seconds = proj.seconds(workload.total)
-    needed = math.ceil(proj.limits[COMPUTE] * layout.cpu_s_per_sample) if machine.device.is_gpu else None
+    needed = feed(machine.device, layout, loader, storage, batch, proj.limits[COMPUTE]).vcpus \
+        if machine.device.is_gpu else None
     row = {"machine": machine.name, "vcpus": machine.vcpus, "vcpus_needed": needed, "gpus": machine.device.count,
            "device": machine.device.name, "device_how": machine.device.how, "store": layout.store,
            "loader": loader.name, "samples_per_s": proj.samples_per_s, "seconds": seconds,

@@ -28,12 +28,14 @@ def layout_of(cell: dict) -> Layout:
 
 
 def device_of(cell: dict) -> Device:
-    """What computed the cell's step: an emulated or real GPU (seconds per step), or this
-    machine's CPU (CPU-seconds per step)."""
+    """What computed the cell's step: an emulated or real GPU (seconds per step; a real one's
+    host CPU per step from compute-only's process CPU time), or this machine's CPU (CPU-seconds
+    per step)."""
     co = cell["compute_only"]
     if cell["node"] == "cpu":
         return Device("cpu", 0, co.get("cpu_s_per_step") or co["step_s"] * cell["env"]["cores"], co["how"])
-    return Device(cell["node"], 1, co["step_s"], co["how"])
+    host = co.get("cpu_s_per_step") if cell.get("node_kind") == "real" else None
+    return Device(cell["node"], 1, co["step_s"], co["how"], host or 0.0)
 
 
 def loader_of(cell: dict) -> Loader:

@@ -1,19 +1,25 @@
 """`storage-bench probe`: measure an object store (any fsspec location) as the latency
 emulation models one, and save the result as a profile it replays (kind "probed").
 
-Three measurements, on objects the probe writes under ``URL/_trainfeed-probe-<id>/`` (deleted
+Four measurements, on objects the probe writes under ``URL/_trainfeed-probe-<id>/`` (deleted
 afterwards, also on failure or Ctrl-C) or, with ``existing``, on objects already there:
 
 - small GETs one at a time: the request-time distribution (p50/p90/p99);
 - large range reads on one connection: single-stream time;
-- range reads of a medium size at concurrency 1, 2, 4, ... up to ``max_concurrency``.
+- range reads of a medium size at concurrency 1, 2, 4, ... up to ``max_concurrency``;
+- the client's CPU: this process's CPU time (``time.process_time``, every thread, the native
+  client's own included) per GB of range reads at 1, 8 and 32 in flight (those up to
+  ``max_concurrency``), each over ``CPU_PASSES`` times the large object's bytes.
 
+Every read goes through trainfeed's own client, as the reader fetches: the native client's
+``get_range`` (Azure Blob, S3, GCS: one buffer, no copy), else the file system's ``cat_file``.
 The model's two parameters come from the medians of the first two, ``t = latency + bytes /
 bandwidth`` solved for both; its connection cap is the sweep's best aggregate throughput over
 its single-connection throughput (how many connections' worth the store delivers at most).
 """
 from __future__ import annotations
 
+import math
 import posixpath
 import socket
 import statistics
@@ -23,7 +29,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import fsspec
 import numpy as np
@@ -31,12 +37,15 @@ import numpy as np
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.redact import redact, redact_url
 from trainfeed.converters.storage.filesystems import is_local, open_fs
+from trainfeed.converters.storage.native import NativeFileSystem
 
 from .profiles import ObjectStore
 
 SMALL_OBJECTS = 8  # small GETs cycle over this many objects
 LARGE_READS = 3
 SWEEP_ROUNDS = 3  # range reads per connection at each concurrency
+CPU_LEVELS = (1, 8, 32)  # requests in flight the client's CPU per GB is measured at
+CPU_PASSES = 8  # each CPU level reads this many times the large object's bytes (at least)
 
 
 @dataclass(frozen=True)
@@ -145,49 +154,85 @@ def _existing(fs, root: str, cfg: ProbeConfig, shown: str) -> Objects:
     return Objects(small, cfg.small_size, large, large_bytes, f"existing objects ({len(small)} small, 1 large)")
 
 
-def _timed_get(fs, path: str, nbytes: int) -> float:
+Read = Callable[[str, int, int], object]
+
+
+def reader(fs) -> Read:
+    """``read(path, start, end)``: a range as trainfeed's reader fetches it (``Fetcher``), through
+    the native client's ``get_range`` for Azure Blob, S3 and GCS, else the file system's
+    ``cat_file``."""
+    if isinstance(fs, NativeFileSystem):
+        return fs.get_range
+    return lambda path, start, end: fs.cat_file(path, start=start, end=end)
+
+
+def _timed_get(read: Read, path: str, nbytes: int) -> float:
     t0 = time.perf_counter()
-    data = fs.cat_file(path, start=0, end=nbytes)
+    got = memoryview(read(path, 0, nbytes)).nbytes
     seconds = time.perf_counter() - t0
-    if len(data) != nbytes:
-        raise TrainfeedError(f"{path}: read {len(data):,} bytes, expected {nbytes:,}")
+    if got != nbytes:
+        raise TrainfeedError(f"{path}: read {got:,} bytes, expected {nbytes:,}")
     return seconds
 
 
-def _sweep(fs, path: str, size: int, chunk: int, connections: int) -> tuple[float, float]:
-    """MB/s and requests/s of ``connections`` threads each reading SWEEP_ROUNDS ranges of
-    ``chunk`` bytes, timed from the moment all of them are ready (thread start-up excluded)."""
+class Sweep(NamedTuple):
+    mb_per_s: float
+    requests_per_s: float
+    cpu_s_per_gb: float  # this process's CPU time (every thread) per GB read
+    nbytes: int
+
+
+def _sweep(read: Read, path: str, size: int, chunk: int, connections: int, rounds: int = SWEEP_ROUNDS) -> Sweep:
+    """``connections`` threads each reading ``rounds`` ranges of ``chunk`` bytes, timed (wall and
+    process CPU) from the moment all of them are ready (thread start-up excluded)."""
     slots = max(1, size // chunk)
-    ready = threading.Barrier(connections)
+    began: list[float] = []
+    ready = threading.Barrier(connections, action=lambda: began.append(time.process_time()))
 
     def connection(k: int) -> tuple[float, float, int]:
         ready.wait()
         t0, nbytes = time.perf_counter(), 0
-        for r in range(SWEEP_ROUNDS):
-            start = ((k * SWEEP_ROUNDS + r) % slots) * chunk
-            nbytes += len(fs.cat_file(path, start=start, end=start + chunk))
+        for r in range(rounds):
+            start = ((k * rounds + r) % slots) * chunk
+            nbytes += memoryview(read(path, start, start + chunk)).nbytes
         return t0, time.perf_counter(), nbytes
 
     with ThreadPoolExecutor(connections) as pool:
         runs = list(pool.map(connection, range(connections)))
+    cpu = time.process_time() - began[0]
     seconds = max(r[1] for r in runs) - min(r[0] for r in runs)
-    return sum(r[2] for r in runs) / seconds / 1e6, connections * SWEEP_ROUNDS / seconds
+    nbytes = sum(r[2] for r in runs)
+    return Sweep(nbytes / seconds / 1e6, connections * rounds / seconds, cpu / (nbytes / 1e9), nbytes)
+
+
+def _client_cpu(read: Read, objects: Objects, chunk: int, cfg: ProbeConfig, log) -> dict[str, Sweep]:
+    """The client's CPU-seconds per GB of range reads of ``chunk`` bytes at each of CPU_LEVELS up
+    to ``max_concurrency`` in flight, each over CPU_PASSES times the large object's bytes."""
+    out = {}
+    for c in (c for c in CPU_LEVELS if c <= cfg.max_concurrency):
+        rounds = max(SWEEP_ROUNDS, math.ceil(CPU_PASSES * objects.large_bytes / (c * chunk)))
+        log(f"client CPU at {c} in flight: {c * rounds} range reads of {chunk:,} B")
+        out[str(c)] = _sweep(read, objects.large, objects.large_bytes, chunk, c, rounds)
+    return out
 
 
 def measure(fs, objects: Objects, cfg: ProbeConfig, shown: str, log) -> ObjectStore:
     when = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
+    read = reader(fs)
     try:
-        _timed_get(fs, objects.small[0], objects.small_bytes)  # connection set-up is not latency
+        _timed_get(read, objects.small[0], objects.small_bytes)  # connection set-up is not latency
         log(f"{cfg.samples} GETs of {objects.small_bytes:,} B, one at a time")
-        small = [_timed_get(fs, objects.small[i % len(objects.small)], objects.small_bytes) for i in range(cfg.samples)]
+        small = [_timed_get(read, objects.small[i % len(objects.small)], objects.small_bytes)
+                 for i in range(cfg.samples)]
         log(f"{LARGE_READS} range reads of {objects.large_bytes:,} B, one at a time")
-        large = [_timed_get(fs, objects.large, objects.large_bytes) for _ in range(LARGE_READS)]
+        large = [_timed_get(read, objects.large, objects.large_bytes) for _ in range(LARGE_READS)]
         chunk = min(objects.large_bytes, max(objects.small_bytes, objects.large_bytes // 8))
         levels = [c for c in (2 ** k for k in range(16)) if c <= cfg.max_concurrency]
         throughput, rates = {}, {}
         for c in levels:
             log(f"concurrency {c}: {c * SWEEP_ROUNDS} range reads of {chunk:,} B")
-            throughput[str(c)], rates[str(c)] = _sweep(fs, objects.large, objects.large_bytes, chunk, c)
+            throughput[str(c)], rates[str(c)], *_ = _sweep(read, objects.large, objects.large_bytes, chunk, c)
+        cpu = _client_cpu(read, objects, chunk, cfg, log)
     except TrainfeedError:
         raise
     except Exception as exc:
@@ -206,12 +251,17 @@ def measure(fs, objects: Objects, cfg: ProbeConfig, shown: str, log) -> ObjectSt
         "large_bytes": objects.large_bytes, "large_read_s": large,
         "sweep_request_bytes": chunk, "sweep_requests_per_connection": SWEEP_ROUNDS,
         "throughput_mb_per_s": throughput, "requests_per_s": rates,
+        "client": type(fs).__name__, "cpu_request_bytes": chunk,
+        "cpu_bytes_read": {c: m.nbytes for c, m in cpu.items()},
+        "cpu_mb_per_s": {c: m.mb_per_s for c, m in cpu.items()},
     }
     source = (f"probed {shown} at {when} from {detail['host']}: {len(small)} GETs of {objects.small_bytes:,} B, "
               f"{LARGE_READS} reads of {objects.large_bytes:,} B, range reads of {chunk:,} B at concurrency "
               f"1-{levels[-1]}; latency and bandwidth solved from the medians, connections = best aggregate / "
-              "one connection's throughput")
-    return ObjectStore(cfg.name, latency * 1e3, bandwidth / 1e6, connections, source, kind="probed", detail=detail)
+              f"one connection's throughput; client CPU per GB ({detail['client']}) = process CPU time / GB read at "
+              f"{', '.join(cpu)} in flight")
+    return ObjectStore(cfg.name, latency * 1e3, bandwidth / 1e6, connections, source, kind="probed", detail=detail,
+                       io_cpu_s_per_gb={c: m.cpu_s_per_gb for c, m in cpu.items()})
 
 
 def summary(profile: ObjectStore) -> str:
@@ -224,6 +274,9 @@ def summary(profile: ObjectStore) -> str:
              f"read of {d['large_bytes']:,} B: median {statistics.median(d['large_read_s']):.3f} s",
              f"{'connections':>11}  {'MB/s':>9}  {'requests/s':>10}   (range reads of {d['sweep_request_bytes']:,} B)"]
     lines += [f"{c:>11}  {mb:>9,.1f}  {d['requests_per_s'][c]:>10,.1f}" for c, mb in d["throughput_mb_per_s"].items()]
+    if profile.io_cpu_s_per_gb:
+        lines.append(f"client CPU ({d['client']}, range reads of {d['cpu_request_bytes']:,} B): "
+                     + ", ".join(f"{v:.2f} CPU-s/GB at {c} in flight" for c, v in profile.io_cpu_s_per_gb.items()))
     lines.append(f"profile {profile.name!r}: first_byte_ms {profile.first_byte_ms:.2f}, stream_mb_per_s "
                  f"{profile.stream_mb_per_s:,.1f}, max_concurrency {profile.max_concurrency}")
     return "\n".join(lines)

@@ -4,8 +4,11 @@ measured on a real device is labelled "estimate" wherever it is shown."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import numpy as np
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
 
@@ -96,10 +99,23 @@ def step_seconds(acc: Accelerator, flops_per_step: float, key: str, amp: bool = 
     return max(acc.step_floor_s, flops_per_step / (peak * 1e12 * acc.efficiency)), "estimate"
 
 
+#: The storage client's host CPU-seconds per GB read, by requests in flight, for a profile that
+#: has no figures of its own (the presets, scenarios, profiles probed before the probe measured
+#: it). Measured here for trainfeed's native client (obstore) over plain HTTP on loopback, 2-vCPU
+#: VM at load ~10: `storage-bench probe` of Azurite (4 MB ranges, 9 runs) and `make bench-io`'s
+#: floor (8 MB ranges, Azurite and s3rver, 3 rounds) gave 0.55-1.25 CPU-s/GB at each of 1, 8 and
+#: 32 in flight, the 45 figures' median 0.79; the levels were not told apart, hence one figure.
+IO_CPU_S_PER_GB = {"1": 0.8, "8": 0.8, "32": 0.8}
+IO_CPU_SOURCE = ("trainfeed's native client, measured on loopback (Azurite, s3rver; plain HTTP): 0.8 CPU-s per GB "
+                 "at 1 to 32 in flight, the median of 45 runs (0.55-1.25); a cloud endpoint's TLS adds to it; "
+                 "`storage-bench probe` measures yours")
+
+
 @dataclass(frozen=True)
 class ObjectStore:
     """Latency model of one request: first-byte latency, then the payload at per-stream
-    bandwidth, with at most ``max_concurrency`` requests in flight from one client."""
+    bandwidth, with at most ``max_concurrency`` requests in flight from one client; and what
+    reading costs the client's host: CPU-seconds per GB by requests in flight."""
 
     name: str
     first_byte_ms: float
@@ -108,10 +124,29 @@ class ObjectStore:
     source: str
     kind: str = "preset"  # "preset" (providers' published figures) or "probed" (`storage-bench probe`)
     detail: dict | None = None  # probed: latency percentiles, throughput by concurrency, ...
+    io_cpu_s_per_gb: dict | None = None  # probed: {"<requests in flight>": CPU-s per GB}; None: IO_CPU_S_PER_GB
 
     def request_seconds(self, nbytes: int) -> float:
         """Modelled duration of one request that returns ``nbytes``."""
         return self.first_byte_ms / 1e3 + nbytes / (self.stream_mb_per_s * 1e6)
+
+    @property
+    def io_cpu_figures(self) -> dict:
+        """The client's CPU-seconds per GB by requests in flight: probed, else IO_CPU_S_PER_GB."""
+        return self.io_cpu_s_per_gb or IO_CPU_S_PER_GB
+
+    def io_cpu_at(self, in_flight: int) -> float:
+        """Host CPU-seconds per GB the client spends reading with ``in_flight`` requests in flight:
+        ``io_cpu_figures`` interpolated on log2 of the concurrency, the nearest end's figure
+        outside them."""
+        levels = sorted((int(k), float(v)) for k, v in self.io_cpu_figures.items())
+        return float(np.interp(math.log2(max(1, in_flight)), [math.log2(k) for k, _ in levels],
+                               [v for _, v in levels]))
+
+    @property
+    def io_cpu_source(self) -> str:
+        """Where ``io_cpu_at``'s figure comes from, in a few words (IO_CPU_SOURCE in full)."""
+        return "probed" if self.io_cpu_s_per_gb else "the native client's default, measured on loopback"
 
 
 def bound_mb_per_s(profile: ObjectStore, connections: int, request_bytes: float) -> float:
@@ -157,11 +192,14 @@ def load_object_store(name_or_path) -> ObjectStore:
     try:
         profile = ObjectStore(**json.loads(path.read_text()))
         valid = profile.first_byte_ms >= 0 and profile.stream_mb_per_s > 0 and profile.max_concurrency >= 1
-    except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as exc:
+        cpu_valid = all(str(k).isdigit() and int(k) >= 1 and float(v) >= 0
+                        for k, v in (profile.io_cpu_s_per_gb or {}).items())
+    except (json.JSONDecodeError, TypeError, ValueError, AttributeError, UnicodeDecodeError) as exc:
         raise TrainfeedError(f"{path}: malformed object-store profile: {exc}") from exc
-    if not valid:
+    if not valid or not cpu_valid:
         raise TrainfeedError(f"{path}: malformed object-store profile: needs first_byte_ms >= 0, "
-                             "stream_mb_per_s > 0 and max_concurrency >= 1")
+                             "stream_mb_per_s > 0, max_concurrency >= 1 and io_cpu_s_per_gb (if given) "
+                             "{\"<requests in flight>\": CPU-s per GB >= 0}")
     return profile
 
 

@@ -1,6 +1,7 @@
-"""What to do when the input pipeline's CPU cannot feed the GPUs (the preprocessing bottleneck):
-how many vCPUs an instance needs for this pipeline, and three remedies projected with the same
-model, time and cost — a larger CPU:GPU instance, storing decoded pixels, and offloading
+"""What to do when the host's CPU cannot feed the GPUs (the preprocessing bottleneck: decode, or
+the storage client's I/O CPU): how many vCPUs an instance needs for this pipeline (I/O, decode
+and the framework, ``model.feed``), and three remedies projected with the same model, time and
+cost — a larger CPU:GPU instance, storing decoded pixels, and offloading reading and
 preprocessing to separate CPU workers (tf.data service)."""
 from __future__ import annotations
 
@@ -9,29 +10,27 @@ from dataclasses import replace
 
 from .catalog import DbuRate, Instance, hourly_cost
 from .cost import Workload, machine_of_instance, projection_row, store_layout
-from .model import DECODE, Loader, Machine
+from .model import COMPUTE, DECODE, IO_CPU, Feed, Loader, Machine, feed
 from .profiles import Accelerator, ObjectStore
 
 #: CPU per sample of the offload workers' decode relative to the reader's: tf.data service
 #: workers decode with TensorFlow's ops, 373 samples per CPU-second against Pillow's reduced-scale
 #: 1,004 for 360x480 JPEGs at 64x64 (`make bench-decode`, docs/BENCHMARKS.md).
 OFFLOAD_CPU_FACTOR = 1004 / 373
-#: GPU rows the report shows remedies for: the cheapest decode-bound ones.
+#: GPU rows the report shows remedies for: the cheapest host-CPU-bound ones.
 SHOWN = 5
-
-
-def vcpus_needed(row: dict, cpu_s_per_sample: float) -> int:
-    """vCPUs busy decoding that the instance's devices need at their own rate."""
-    return math.ceil(row["limits"]["compute"] * cpu_s_per_sample)
+#: The bottlenecks the remedies are for: the host's vCPUs cannot keep the GPUs busy.
+HOST_CPU_BOUND = (DECODE, IO_CPU)
 
 
 def remedies(cells: list[dict], catalog: list[Instance], store: str, decoded: str | None, loader: Loader,
              storage: ObjectStore | None, workload: Workload, projections: dict[str, list[dict]], *,
              accelerators: dict[str, Accelerator] | None = None, dbu: dict[str, DbuRate] | None = None) -> list[dict]:
-    """For the cheapest GPU instances on which ``store`` (encoded images) is decode-bound: the
-    vCPUs they need, and each remedy's row (None where the catalog has no candidate)."""
+    """For the cheapest GPU instances on which ``store`` (encoded images) is bound by the host's
+    CPU (decode or I/O CPU): the vCPUs they need, and each remedy's row (None where the catalog
+    has no candidate)."""
     layout = store_layout(cells, store)
-    rows = [r for r in projections.get(store, []) if r["gpus"] and r["bottleneck"] == DECODE]
+    rows = [r for r in projections.get(store, []) if r["gpus"] and r["bottleneck"] in HOST_CPU_BOUND]
     if layout is None or not rows:
         return []
     by_name = {i.name: i for i in catalog}
@@ -45,7 +44,9 @@ def remedies(cells: list[dict], catalog: list[Instance], store: str, decoded: st
     out = []
     for today in sorted(rows, key=lambda r: (r["usd_per_job"] is None, r["usd_per_job"] or 0))[:SHOWN]:
         inst = by_name[today["machine"]]
-        need = vcpus_needed(today, layout.cpu_s_per_sample)
+        needs = feed(machine_of_instance(inst, cells, accelerators).device, layout, loader, storage, batch,
+                     today["limits"][COMPUTE])  # every GPU of the instance at its own rate
+        need = needs.vcpus
         bigger = _bigger(inst, need, catalog)
         bigger_row = None
         if bigger is not None:  # with enough reader threads: the instance's vCPUs, or what the pipeline needs
@@ -54,7 +55,7 @@ def remedies(cells: list[dict], catalog: list[Instance], store: str, decoded: st
             bigger_row["workers"] = threads
         decoded_row = next((r for r in projections.get(decoded, []) if r["machine"] == inst.name), None) if decoded else None
         out.append({"today": today, "vcpus_needed": need, "bigger": bigger_row, "decoded": decoded_row,
-                    "offload": _offload(inst, need, layout, cells, catalog, accelerators, row)})
+                    "offload": _offload(inst, needs, layout, cells, catalog, accelerators, row)})
     return out
 
 
@@ -66,14 +67,14 @@ def _bigger(inst: Instance, need: int, catalog: list[Instance]) -> Instance | No
     return min(fits, key=lambda i: i.on_demand, default=None)
 
 
-def _offload(inst: Instance, need: int, layout, cells, catalog, accelerators, row) -> dict | None:
+def _offload(inst: Instance, needs: Feed, layout, cells, catalog, accelerators, row) -> dict | None:
     """The GPU instance plus k CPU instances of the same cloud (the cheapest fleet with the vCPUs
-    needed) running tf.data service workers: their vCPUs decode, at TensorFlow's CPU cost per
-    sample."""
+    needed) running tf.data service workers: their vCPUs read (the storage client's I/O CPU)
+    and decode, at TensorFlow's CPU cost per sample."""
     workers = [i for i in catalog if i.cloud == inst.cloud and not i.gpus and i.on_demand is not None]
     if not workers:
         return None
-    offload_need = math.ceil(need * OFFLOAD_CPU_FACTOR)
+    offload_need = math.ceil(round(needs.decode * OFFLOAD_CPU_FACTOR + needs.io, 6))
     # the cheapest fleet that has the vCPUs: k of one CPU instance type
     count, worker = min(((max(1, math.ceil(offload_need / w.vcpus)), w) for w in workers),
                         key=lambda kw: (kw[0] * kw[1].on_demand, kw[0] * kw[1].vcpus))

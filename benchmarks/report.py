@@ -18,6 +18,7 @@ from .cost import Spot, Workload
 from .matrix import load_results
 from .measured import layout_of, loader_of, machine_of, storage_of
 from .model import Loader, project
+from .profiles import IO_CPU_SOURCE
 from .scenario import Scenario, load_scenario
 from .stages import STAGES
 
@@ -216,6 +217,7 @@ def _markdown(cells, spread, locations, stores, nodes, frameworks, advice, notes
     if plan.scenario is not None:
         lines += _reference_section(advice)
     lines += _headline(advice)
+    lines += _feeds_section(advice)
     lines += _effects(cells, locations, same_storage)
     lines += _cells_section(cells, spread, nodes, stores)
     lines += _costs_section(advice)
@@ -289,6 +291,34 @@ def _headline(advice) -> list[str]:
     return lines + [""]
 
 
+def _feeds_section(advice) -> list[str]:
+    """Per GPU: the GB/s it reads at its own rate and the vCPUs busy feeding it (model.feed)."""
+    if not advice["feeds"]:
+        return []
+    storage = advice["plan"].storage
+    where = storage.name if storage else "local disk"
+    io = (f"the storage client's I/O CPU (GB/s x CPU-s per GB at the loader's requests in flight: "
+          f"{storage.io_cpu_source})" if storage else
+          "no I/O CPU apart (local reads are in the reader's measured CPU)")
+    opts = [o.label for o in advice["options"]]
+    lines = [f"## vCPUs to feed one GPU from {where}", "",
+             f"One GPU at its own rate (samples/s from its step time) reading each option from {where}: the GB/s it "
+             f"takes and the vCPUs busy for it: {io}, decode (the reader's CPU per sample, measured here) and the "
+             "framework's host work (measured on a real GPU; 0 for an emulated or estimated one, whose step sleeps). "
+             "The model's `io-cpu`, `decode` and remedies use the same figures.", "",
+             "| GPU | " + " | ".join(opts) + " |", "|---|" + "---|" * len(opts)]
+    for row in advice["feeds"]:
+        d = row["device"]
+        first = next(iter(row["feeds"].values()))
+        cells = []
+        for o in opts:
+            f = row["feeds"][o]
+            per_gb = f" at {f.io_cpu_s_per_gb:.2f} CPU-s/GB" if storage else ""
+            cells.append(f"{f.gb_per_s:.2g} GB/s{per_gb}: {f.describe()}")
+        lines.append(f"| {d.name} ({d.how}, {fmt_rate(first.samples_per_s)} samples/s) | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def _cells_section(cells, spread, nodes, stores) -> list[str]:
     lines = ["## Why: each cell", "",
              "Measured here: compute-only, ingest-only and the real run (samples/s, wall clock); the reader's CPU "
@@ -343,14 +373,16 @@ def _costs_section(advice) -> list[str]:
 
 
 def _remedies_section(advice) -> list[str]:
-    """Per decode-bound GPU instance: the vCPUs it needs, and three remedies with time and cost."""
+    """Per GPU instance bound by its vCPUs (decode or I/O CPU): the vCPUs it needs, and three remedies
+    with time and cost."""
     if not advice["remedies"]:
         return []
     lines = ["## The preprocessing bottleneck: remedies", "",
-             "Where decoding encoded images on the instance's vCPUs cannot keep its GPUs busy: the vCPUs this "
-             "pipeline needs at the GPUs' rate, and three remedies projected with the same model — an instance "
+             "Where the instance's vCPUs cannot keep its GPUs busy (decoding encoded images, or the storage client's "
+             "I/O CPU): the vCPUs this pipeline needs at the GPUs' rate (I/O, decode and the framework), and three "
+             "remedies projected with the same model — an instance "
              "with enough vCPUs per GPU and reader threads (`--workers`) to use them, storing decoded pixels (more bytes, no "
-             "decode), and offloading preprocessing to CPU instances running tf.data service workers "
+             "decode), and offloading reading and preprocessing to CPU instances running tf.data service workers "
              "(`train --data-service`; TensorFlow's decode costs ~2.7x Pillow's CPU per image, `make "
              "bench-decode`). Times and $ per job (on demand).", ""]
     for store, rows in advice["remedies"].items():
@@ -401,11 +433,20 @@ def _method(advice, notes) -> list[str]:
              "the device (GPUs x batch / step time; on a CPU node the step's CPU-seconds over the vCPUs, shared with "
              "the reader), the reader's CPU (CPU-seconds per sample measured here as process CPU time, over "
              "min(reader threads, vCPUs)), the storage (requests in flight x bytes per request / request time), the "
-             "network. With prefetch the job runs at the smallest rate; without, reading and compute add up.",
+             "network, and the vCPUs as a whole, shared by the storage client's I/O CPU (bytes x CPU-seconds per GB), "
+             "decode and the framework. With prefetch the job runs at the smallest rate; without, reading and compute "
+             "add up.",
+             "- Bottlenecks: `compute` (the device, or on a CPU node the step's share of the vCPUs), `decode` (the "
+             "reader's CPU; for images the costliest stage: decode, `augment` or read), `io-cpu` (the vCPUs, with the "
+             "storage client's CPU their largest consumer), `io-latency` (requests in flight x first-byte latency), "
+             "`bandwidth` (streams x per-stream MB/s), `network` (the NIC); a measured cell can also be `contention` "
+             "(below the model while the device should set the pace) or `ram` (the node swapped).",
              "- Request concurrency is the loader's own, never scaled with vCPUs: "
              + "; ".join(dict.fromkeys(o.loader.describe() for o in advice["options"])) + ".",
              f"- Storage: {storage.name}: {storage.first_byte_ms:g} ms first byte, {storage.stream_mb_per_s:g} MB/s "
-             f"per stream, at most {storage.max_concurrency} in flight ({storage.source})." if storage else
+             f"per stream, at most {storage.max_concurrency} in flight ({storage.source}); the client's CPU-s per GB: "
+             + ", ".join(f"{v:.2f} at {c}" for c, v in storage.io_cpu_figures.items())
+             + f" in flight ({'probed' if storage.io_cpu_s_per_gb else IO_CPU_SOURCE})." if storage else
              "- Storage: local disk as it is (no request cost modelled).",
              "- Step times: \"calibrated\" where `storage-bench calibrate` measured the device, \"measured\" on this "
              "machine, else \"estimate\": training FLOPs / (datasheet peak x efficiency), at least the profile's "

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from .measured import layout_of, loader_of, machine_of, storage_of
-from .model import COMPUTE, DECODE, LATENCY, Projection, project
+from .model import COMPUTE, DECODE, IO_CPU, LATENCY, Feed, Projection, feed, in_flight, project
+from .profiles import ObjectStore
 from .stages import image_verdict
 
 
@@ -62,31 +63,46 @@ def verdict(cell: dict) -> dict:
 def _advice(cell: dict, proj: Projection) -> dict:
     limits, b = proj.limits, proj.bottleneck
     device = limits.get(COMPUTE, 0.0)
-    feed = min((v for k, v in limits.items() if k != COMPUTE), default=float("inf"))
+    cores = cell["env"]["cores"]
+    reading_cpu = proj.host_cpu[DECODE] + proj.host_cpu[IO_CPU]  # on the vCPUs, without the step
+    feed_rate = min([v for k, v in limits.items() if k != COMPUTE] + ([cores / reading_cpu] if reading_cpu else []),
+                    default=float("inf"))
     what = "accelerator" if cell.get("node_kind") == "emulated" else "CPU" if cell["node"] == "cpu" else "GPU"
     if b == COMPUTE:
-        feed_text = f"reading alone could deliver {feed:,.0f}" if feed != float("inf") else "reading costs nothing measurable"
+        feed_text = (f"reading alone could deliver {feed_rate:,.0f}" if feed_rate != float("inf")
+                     else "reading costs nothing measurable")
         shared = " with the reader on the same vCPUs" if cell["node"] == "cpu" else ""
         return {"bottleneck": "compute", "advice": f"compute-bound: the {what} sets the pace{shared} "
                 f"({proj.samples_per_s:,.0f} samples/s; {feed_text}). A faster device or more devices help; "
                 "repacking does not."}
+    storage, loader, layout = storage_of(cell), loader_of(cell), layout_of(cell)
+    need = feed(machine_of(cell).device, layout, loader, storage, cell["batch_size"], device)
     if b == DECODE:
         if cell.get("stages"):
             return image_verdict(cell, device, limits[DECODE])
-        layout = layout_of(cell)
-        need = int(np.ceil(device * layout.cpu_s_per_sample))
-        threads = loader_of(cell).threads
+        reading = int(np.ceil(round(need.io + need.decode, 6)))
         return {"bottleneck": "decode", "advice": f"read/decode-bound: {layout.cpu_s_per_sample * 1e3:.2f} ms of CPU "
-                f"per sample on {min(threads, cell['env']['cores'])} thread(s) -> {limits[DECODE]:,.0f} samples/s, "
-                f"the device takes {device:,.0f}; needs ~{need} vCPUs busy reading per device (more --workers on more "
-                "vCPUs), or offload preprocessing to CPU workers"}
-    storage, loader, layout = storage_of(cell), loader_of(cell), layout_of(cell)
-    in_flight = min(loader.concurrency, storage.max_concurrency) if storage else loader.concurrency
+                f"per sample on {min(loader.threads, cores)} thread(s) -> {proj.samples_per_s:,.0f} samples/s, "
+                f"the device takes {device:,.0f}; needs ~{reading} vCPUs busy reading per device (more --workers on "
+                "more vCPUs), or offload preprocessing to CPU workers"}
+    if b == IO_CPU:
+        return io_cpu_verdict(need, storage, cores, proj.samples_per_s)
+    flight = in_flight(loader, storage) if storage else loader.concurrency
     more = "allow more requests in flight (--io-concurrency)"
     if b == LATENCY:
         return {"bottleneck": "io-latency", "advice": f"storage latency: {layout.request_bytes / 1e3:,.0f} KB requests "
-                f"at {storage.first_byte_ms:.0f} ms first byte, {in_flight} in flight -> {limits[LATENCY]:,.0f} "
+                f"at {storage.first_byte_ms:.0f} ms first byte, {flight} in flight -> {limits[LATENCY]:,.0f} "
                 f"samples/s, the device takes {device:,.0f}; repack into files of ~128 MB (convert --to delta) or {more}"}
-    return {"bottleneck": "bandwidth", "advice": f"bandwidth: {in_flight} streams of {storage.stream_mb_per_s:.0f} MB/s "
+    return {"bottleneck": "bandwidth", "advice": f"bandwidth: {flight} streams of {storage.stream_mb_per_s:.0f} MB/s "
             f"-> {limits[b]:,.0f} samples/s of {layout.bytes_per_sample / 1e3:,.0f} KB, the device takes {device:,.0f}; "
             f"{more}, or store fewer bytes per sample (compression, smaller dtype)"}
+
+
+def io_cpu_verdict(need: Feed, storage: ObjectStore, vcpus: int, rate: float) -> dict:
+    """The storage client's CPU binds: what the device needs in GB/s, what that costs in vCPUs at
+    the client's CPU per GB, beside decode and the framework, and what removes it."""
+    return {"bottleneck": "io-cpu", "advice": f"I/O CPU: the storage client costs {need.io_cpu_s_per_gb:.2f} CPU-s "
+            f"per GB at {need.in_flight} in flight ({storage.io_cpu_source}); the device takes "
+            f"{need.samples_per_s:,.0f} samples/s = {need.gb_per_s:.2f} GB/s, which needs {need.describe()} where "
+            f"this machine has {vcpus} -> {rate:,.0f} samples/s; give each device more vCPUs, or read fewer bytes "
+            "per sample (compression, smaller dtype)"}

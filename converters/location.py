@@ -74,10 +74,6 @@ class Location:
         """Names of the entries directly in this folder (one listing request)."""
         return [e.rstrip("/").rsplit("/", 1)[-1] for e in self.fs.ls(self.path, detail=False)]
 
-    def sizes(self) -> dict[str, int]:
-        """Size of every object directly in this folder, by path (one listing request)."""
-        return {path: identity.size for path, identity in self.objects().items()}
-
     def objects(self) -> dict[str, Identity]:
         """Version (ETag, size, last modified) of every object directly in this folder, by path
         (one listing request): what a reader's requests and cached ranges are tied to."""

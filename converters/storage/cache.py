@@ -20,6 +20,7 @@ import hashlib
 import mmap
 import os
 import struct
+import time
 import uuid
 import zlib
 from contextlib import contextmanager, suppress
@@ -123,6 +124,11 @@ class DiskCache:
 
     def _scan_and_evict(self, target: int) -> int:
         """Delete least recently used files until at most ``target`` bytes remain; the total."""
+        stale = time.time() - 3600
+        for tmp in self.folder.glob("*/.*.tmp"):  # a killed writer's; live ones are seconds old
+            with suppress(OSError):
+                if tmp.stat().st_mtime < stale:
+                    tmp.unlink()
         files = []
         for file in self.folder.glob("*/*.bin"):
             with suppress(OSError):

@@ -79,3 +79,37 @@ def test_the_report_shows_the_vcpus_needed_and_the_remedies(tmp_path):
     assert ("| aws g-small | 10 min, $0.17 (decode) | 4 / 8 | g-mid --workers 8: 5 min, $0.12 (compute) | 5 min, $0.083 (compute) | "
             "6 x cpu-w: 5 min, $0.18 (compute) |") in md
     assert "| **aws g-small** (fastest, cheapest) | 4 (needs 8) | 1 t4 |" in md  # a tie for fastest: the first
+
+
+def test_remedies_when_the_storage_clients_cpu_binds():
+    """Encoded images of 5 MB a sample (0.5 ms of decode CPU) read through a client that costs
+    3 CPU-s per GB: 15 ms of I/O CPU a sample. The requests (7.94 MB at 1 ms + 15.9 ms, 0.63 a
+    sample, 8 in flight: 752/s) never bind. On 4 vCPUs: 4 / 0.0155 = 258/s < the T4's 320: io-cpu;
+    the T4 needs 320 x 0.015 = 4.8 vCPUs of I/O and 0.16 of decode: 5."""
+    from dataclasses import asdict
+
+    from trainfeed.benchmarks.verdict import verdict
+
+    from .test_verdict import NEAR
+
+    rec = cell("parquet-encoded", "t4", compute=320, cpu_ms=0.5, real=250, batch_size=32, flops_per_step=T4_TENTH,
+               stages=STAGES, sample_bytes=5_000_000, requests={"gets": 63, "bytes": 500_000_000}, samples=100)
+    rec["storage"].update(profile=NEAR.name, profile_figures=asdict(NEAR))
+    rec["verdict"] = verdict(rec)
+    assert rec["verdict"]["bottleneck"] == "io-cpu"
+    cells = [rec]
+    fixes = build_advice(cells, CATALOG, {}, plan_for(cells, Workload(96_000, 1)), ["parquet-encoded"])["remedies"]
+    # only the 4-vCPU instance is bound by its vCPUs (8 carry 8 / 0.0155 = 516/s)
+    [small] = fixes["parquet-encoded"]
+    assert (small["today"]["machine"], small["today"]["bottleneck"], small["vcpus_needed"]) == ("g-small", "io-cpu", 5)
+    assert small["today"]["samples_per_s"] == pytest.approx(4 / 0.0155)
+    # larger CPU:GPU: g-mid (8 vCPUs) with 5 reader threads keeps the T4's 320/s: 300 s at $1.5/h
+    assert (small["bigger"]["machine"], small["bigger"]["workers"]) == ("g-mid", 5)
+    assert small["bigger"]["samples_per_s"] == pytest.approx(320) and small["bigger"]["bottleneck"] == "compute"
+    assert small["decoded"] is None  # no decoded store measured
+    # offload: the workers read and decode: ceil(4.8 + 0.16 x 2.69) = 6 vCPUs, 2 x cpu-w (8 vCPUs, $0.4/h);
+    # 8 / (0.015 + 0.0005 x 2.69) = 489/s: the T4's 320/s binds; $1.0 + $0.4 an hour for 300 s
+    off = small["offload"]
+    assert (off["workers"], off["worker"], off["worker_vcpus"]) == (2, "cpu-w", 8)
+    assert off["samples_per_s"] == pytest.approx(320) and off["bottleneck"] == "compute"
+    assert off["usd_per_job"] == pytest.approx(1.4 * 300 / 3600)

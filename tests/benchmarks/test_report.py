@@ -144,3 +144,32 @@ def test_a_comparison_across_storage_is_labelled_as_mixing_location_and_layout(t
             "or with different connection budgets, so this is not the layout effect alone: ingest-only, the best "
             "compacted store (parquet) 400 samples/s, the small files 50 samples/s: **8.0x**.") in md
     assert "**Layout effect**" not in md and "- **Location effect**: not measured" in md
+
+
+def test_the_vcpus_to_feed_one_gpu_are_the_models(tmp_path):
+    """The report's "vCPUs to feed one GPU" row of a cell's GPU is model.feed of that cell, and its
+    verdict names the storage client's CPU where the machine's vCPUs cannot carry the reads."""
+    from trainfeed.benchmarks.measured import device_of, layout_of, loader_of, storage_of
+    from trainfeed.benchmarks.model import feed
+
+    from .test_verdict import near
+
+    rec = near(store="delta", cores=12)
+    write_results(tmp_path, [rec])
+    catalog = tmp_path / "catalog.csv"
+    catalog.write_text("cloud,region,instance,vcpus,ram_gib,gpus,gpu_model,gpu_mem_gib,on_demand_usd_per_h,"
+                       "spot_usd_per_h,price_date,source\naws,us-east-1,g-t4,4,16,1,NVIDIA T4,,1.0,,2026-01-01,test\n")
+    report.build(str(tmp_path), target_samples=1000, target_epochs=1, catalog=catalog)
+    md = (tmp_path / "report.md").read_text()
+    model = feed(device_of(rec), layout_of(rec), loader_of(rec), storage_of(rec), rec["batch_size"])
+    assert model.vcpus == 15
+    # 13,000/s x 360 KB = 4.68 GB/s at 3 CPU-s/GB: 14.04 vCPUs of I/O, 13,000 x 0.04 ms = 0.52 of decode
+    assert ("| h100 (estimate, 13,000 samples/s) | 4.7 GB/s at 3.00 CPU-s/GB: 15 vCPUs (I/O 14.0, decode 0.5, "
+            "framework 0.0) |") in md
+    assert f"3.00 CPU-s/GB: {model.describe()} |" in md
+    # the catalog's T4 (estimate: 1e12 FLOPs / (8.1 TFLOPS x 35%) = 0.353 s a step of 10): 28.4/s, 0.01 GB/s
+    assert ("| t4 (estimate, 28.4 samples/s) | 0.01 GB/s at 3.00 CPU-s/GB: 1 vCPU (I/O 0.0, decode 0.0, "
+            "framework 0.0) |") in md
+    assert md.index("## Training time") < md.index("## vCPUs to feed one GPU from near") < md.index("## Why")
+    assert "| delta | h100 | torch |" in md and "| io-cpu | I/O CPU: the storage client costs 3.00 CPU-s per GB" in md
+    assert "`io-cpu` (the vCPUs, with the storage client's CPU their largest consumer)" in md

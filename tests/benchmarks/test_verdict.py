@@ -4,13 +4,31 @@ the projection model: a changed model, threshold, branch order or advice fails a
 Defaults of a recorded cell: batch 10, 4 vCPUs, 4 reader threads, 8 requests in flight."""
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import pytest
 
+from trainfeed.benchmarks.profiles import ObjectStore
 from trainfeed.benchmarks.verdict import verdict
 
 from .recorded import cell
 
 COMPUTE_ADVICE = "A faster device or more devices help; repacking does not."
+# A nearby store (1 ms, 500 MB/s a stream, 256 in flight) whose client costs 3 CPU-s per GB (probed).
+NEAR = ObjectStore("near", 1.0, 500.0, 256, "test", io_cpu_s_per_gb={"1": 3.0, "8": 3.0, "32": 3.0})
+
+
+def near(**kwargs) -> dict:
+    """An emulated H100-like GPU (13,000 samples/s) reading 360 KB samples in 8 MB parts from NEAR
+    with 32 requests in flight and 16 threads: 360,000 B x 3 CPU-s/GB = 1.08 ms of I/O CPU a
+    sample; the requests take (1 ms + 16 ms) x 0.045 / 32 = 0.0239 ms a sample (41,830/s)."""
+    rec = cell(**{"node": "h100", "compute": 13_000, "real": 10_000, "workers": 16, "io_concurrency": 32,
+                  "sample_bytes": 360_000, "requests": {"gets": 9, "bytes": 72_000_000}, "samples": 200,
+                  "cpu_ms": 0.04, **kwargs})
+    rec["storage"].update(profile=NEAR.name, profile_figures=asdict(NEAR))
+    return {**rec, "verdict": verdict(rec)}  # as recorded: the verdict of the cell's own storage
+
+
 STAGES = {"read": 0.0001, "decode": 0.004, "augment": 0.001, "samples": 64, "pixel_bytes_per_sample": 12288,
           "stored_bytes_per_sample": 3000}
 ROWS = [
@@ -73,6 +91,22 @@ ROWS = [
     ("80% of the model is not contention", cell(compute=100, cpu_ms=1, real=80), "compute",
      f"compute-bound: the accelerator sets the pace (100 samples/s; reading alone could deliver 4,000). "
      f"{COMPUTE_ADVICE}"),
+    # 12 vCPUs for 1.08 ms of I/O + 0.04 ms of decode CPU a sample: 12 / 0.00112 = 10,714/s < 13,000; the
+    # GPU needs 13,000 x 360 KB = 4.68 GB/s: 14.04 vCPUs of I/O, 0.52 of decode, 15 in all
+    ("io-cpu", near(cores=12), "io-cpu",
+     "I/O CPU: the storage client costs 3.00 CPU-s per GB at 32 in flight (probed); the device takes 13,000 "
+     "samples/s = 4.68 GB/s, which needs 15 vCPUs (I/O 14.0, decode 0.5, framework 0.0) where this machine has 12 "
+     "-> 10,714 samples/s; give each device more vCPUs, or read fewer bytes per sample (compression, smaller dtype)"),
+    # 16 vCPUs carry 16 / 0.00112 = 14,286/s of reading: the GPU's 13,000 binds
+    ("io-cpu does not bind on enough vCPUs", near(cores=16, real=13_000), "compute",
+     f"compute-bound: the accelerator sets the pace (13,000 samples/s; reading alone could deliver 14,286). "
+     f"{COMPUTE_ADVICE}"),
+    # 2 ms of decode + 1.08 ms of I/O on 12 vCPUs: 3,896/s; decode is the larger share of the vCPUs;
+    # reading at the GPU's rate takes 13,000 x 0.00308 = 40.04 vCPUs
+    ("decode, sharing the vCPUs with I/O", near(cores=12, cpu_ms=2, real=3800), "decode",
+     "read/decode-bound: 2.00 ms of CPU per sample on 12 thread(s) -> 3,896 samples/s, the device takes 13,000; "
+     "needs ~41 vCPUs busy reading per device (more --workers on more vCPUs), or offload preprocessing to CPU "
+     "workers"),
 ]
 
 
@@ -82,7 +116,14 @@ def test_verdict(recorded, bottleneck, advice):
 
 
 def test_every_bottleneck_has_a_row():
-    assert {r[2] for r in ROWS} == {"ram", "compute", "decode", "io-latency", "bandwidth", "contention"}
+    assert {r[2] for r in ROWS} == {"ram", "compute", "decode", "io-latency", "bandwidth", "contention", "io-cpu"}
+
+
+@pytest.mark.parametrize("cores", range(10, 19))
+def test_io_cpu_is_named_exactly_when_the_vcpus_cannot_carry_the_reads(cores):
+    """13,000 samples/s at 1.12 ms of reading CPU each take 14.56 vCPUs: io-cpu on 14 or fewer,
+    compute on 15 or more."""
+    assert verdict(near(cores=cores, real=13_000))["bottleneck"] == ("io-cpu" if cores <= 14 else "compute")
 
 
 def test_a_stalled_cell_is_never_called_compute_bound():

@@ -351,12 +351,13 @@ def test_a_file_a_task_cannot_read_fails_the_job_with_trainfeed_s_message(tmp_pa
 @pytest.mark.azurite
 def test_a_storage_failure_in_a_task_fails_the_job_with_trainfeed_s_message(tmp_path, spark, azurite_server,
                                                                              monkeypatch, capsys):
-    """A read the storage does not answer in time, in an executor: the job fails with the
-    message convert gives (exit 1), not Spark's traces, and publishes nothing."""
-    import dataclasses
-
+    """The storage fails (HTTP 503 on every request, through a relay) once the driver has
+    listed the source and read its first file: the executors' reads are retried until the
+    call timeout, then the job fails with the message convert gives (exit 1), not Spark's
+    traces, and publishes nothing."""
     import fsspec
 
+    from tests.converters.storage.relay import Relay
     from trainfeed.pipelines import repack
 
     write_volumes(tmp_path / "raw", 3, shape=SHAPE, seed=4, labels_csv=False)
@@ -364,15 +365,20 @@ def test_a_storage_failure_in_a_task_fails_the_job_with_trainfeed_s_message(tmp_
     fs.mkdir("repack-slow")
     fs.put(str(tmp_path / "raw") + "/", "repack-slow/vols", recursive=True)
     plan = repack.plan_tasks
-    # the executors' reads get a deadline no storage meets; the driver's listing and first read do not
-    monkeypatch.setattr(repack, "plan_tasks", lambda files, size: [
-        [dataclasses.replace(f, deadline=1e-6) for f in task] for task in plan(files, size)])
-    with pytest.raises(SystemExit) as exc:
-        repack.main(["--src", "abfs://repack-slow/vols", "--storage-option",
-                     f"connection_string={azurite_server.connection_string}", "--dst", str(tmp_path / "out.parquet"),
-                     "--to", "parquet"])
+    with Relay(azurite_server.endpoint) as relay:
+        def failing_plan(files, size):
+            relay.fail(100_000, 503)
+            return plan(files, size)
+
+        monkeypatch.setattr(repack, "plan_tasks", failing_plan)
+        relayed = azurite_server.connection_string.replace(azurite_server.endpoint, relay.endpoint)
+        with pytest.raises(SystemExit) as exc:
+            repack.main(["--src", "abfs://repack-slow/vols", "--storage-option", f"connection_string={relayed}",
+                         "--storage-option", "call_timeout=2", "--dst", str(tmp_path / "out.parquet"),
+                         "--to", "parquet"])
     err = capsys.readouterr().err
     assert exc.value.code == 1
-    assert err.startswith("error: a Spark task failed: ") and "did not answer" in err, err
+    assert err.startswith("error: a Spark task failed: ") and "answered HTTP 503" in err, err
     assert "Traceback" not in err and "AccountKey" not in err
+    assert relay.count("status 503") > 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["raw"]
