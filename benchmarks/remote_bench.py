@@ -31,11 +31,11 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import fsspec
 
 from trainfeed.converters.convert import ConvertConfig, convert
 from trainfeed.converters.errors import TrainfeedError
 from trainfeed.converters.redact import redact, register_storage_options
+from trainfeed.converters.storage.filesystems import filesystem
 from trainfeed.training.metrics import environment
 from trainfeed.training.readers import ReaderOptions, iter_batches, open_store
 
@@ -158,8 +158,8 @@ class Bench:
         server = stack.enter_context(azurite.start())
         register_storage_options(server.storage_options)
         backend = Backend("azurite", "abfs", CONTAINER, server.storage_options)
-        fs = fsspec.filesystem("abfs", **server.storage_options)
-        fs.mkdir(CONTAINER)
+        server.create_container(CONTAINER)
+        fs = filesystem("abfs", server.storage_options)
         log(f"uploading {self.src} to Azurite (port {server.port})")
         fs.put(str(self.src), f"{CONTAINER}/{self.src.name}", recursive=True)
         return backend

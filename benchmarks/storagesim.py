@@ -28,7 +28,7 @@ import fsspec
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 from fsspec.utils import tokenize
 
-from trainfeed.converters.storage.filesystems import is_local
+from trainfeed.converters.storage.filesystems import filesystem, is_local
 
 from .profiles import ObjectStore, load_object_store
 
@@ -85,7 +85,7 @@ class EmulatedFileSystem(AbstractFileSystem):
         super().__init__(**kwargs)
         self.target_protocol = target
         self.inner_options = dict(target_options or {})
-        self.target = fsspec.filesystem(target, **self.inner_options)
+        self.target = filesystem(target, self.inner_options)
         self.profile = load_object_store(profile)
         key = tokenize(target, asdict(self.profile), self.inner_options)
         self._client = _client(key, self.profile.max_concurrency)

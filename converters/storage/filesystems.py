@@ -36,6 +36,11 @@ def open_fs(url: str, storage_options: dict | None = None) -> tuple[fsspec.Abstr
         raise UsageError(f"{url}: cannot open this location: {exc}") from exc
 
 
+def filesystem(protocol: str, storage_options: dict | None = None) -> fsspec.AbstractFileSystem:
+    """The file system of ``protocol`` (``abfs``, ``s3``, ``file``, ...) with these options."""
+    return open_fs(f"{protocol}://", storage_options)[0]
+
+
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return isinstance(fs, LocalFileSystem)
 
