@@ -104,7 +104,7 @@ def _writer(fs: fsspec.AbstractFileSystem, root: str) -> tuple[fsspec.AbstractFi
     inner = getattr(fs, "inner_url", None)
     if inner is None:
         return fs, root
-    writer, path = fsspec.core.url_to_fs(inner(root), **fs.inner_options)
+    writer, path = open_fs(inner(root), fs.inner_options)
     return writer, path.rstrip("/")
 
 
