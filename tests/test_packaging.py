@@ -170,9 +170,8 @@ DATABRICKS = {
 # The packages a runtime ships that installing the wheel may replace, each with the reason
 # (docs/DATABRICKS.md lists the same). Every other package of the runtime keeps its version.
 CHANGES_ALLOWED = {
-    "15.4": {"deprecated": "deltalake 1.x requires deprecated >= 1.2.18 (15.4 ships 1.2.14); the "
-                           "deltalake releases before 1.0 that have trainfeed's API need pyarrow >= 16 "
-                           "(15.4 ships 14.0.1)"},
+    "15.4": {"deprecated": "every deltalake 1.x requires deprecated >= 1.2.18 (15.4 ships 1.2.14), and "
+                           "the Delta writer needs 1.x (deltalake.transaction is new in 1.0)"},
     "16.4": {},
     "17.3": {},
 }
@@ -220,6 +219,17 @@ def test_installing_the_wheel_changes_no_package_the_runtime_ships(wheel, tmp_pa
         theirs = runtime_pins(other)
         differ = {n: (pins.get(n), theirs.get(n)) for n in chosen if pins.get(n) != theirs.get(n)}
         assert not differ, f"{other} ships other versions than {first} of {differ}: resolve it too"
+
+
+def test_docs_name_the_changes_allowed_on_each_runtime():
+    """docs/DATABRICKS.md's table says what the wheel changes on each runtime: "nothing", or
+    each package of CHANGES_ALLOWED."""
+    rows = {m[1]: m[2] for m in re.finditer(r"^\| (\d+\.\d+) LTS ML \| [^|]+ \| ([^|]+) \|",
+                                           (ROOT / "docs" / "DATABRICKS.md").read_text(), re.M)}
+    assert rows.keys() == DATABRICKS.keys()
+    for runtime, allowed in CHANGES_ALLOWED.items():
+        named = set(re.findall(r"(?:^|\. )([a-z][a-z0-9-]*): \d", rows[runtime]))
+        assert named == set(allowed) and (rows[runtime].strip() == "nothing") == (not allowed), (runtime, rows[runtime])
 
 
 def unmet(requirements: list[str], extras: set[str]) -> list[str]:
