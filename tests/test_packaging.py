@@ -1,6 +1,7 @@
 """The wheel: one top-level package, `trainfeed`; it installs and runs in a clean Python 3.12
-venv with numpy 2; it resolves on the Databricks ML runtimes without replacing their numpy,
-pandas, pyarrow or torch; and each test environment holds the versions it stands for."""
+venv with numpy 2; it installs on the Databricks ML runtimes (15.4, 16.4, 17.3 LTS) without
+changing a package they ship, but the exceptions named below; and each test environment holds
+the versions it stands for."""
 from __future__ import annotations
 
 import json
@@ -140,47 +141,95 @@ def test_the_wheel_runs_in_a_clean_python312_venv_with_numpy2(wheel, tmp_path):
     assert facts["python"].startswith("3.12.") and facts["numpy"].startswith("2.")
 
 
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def runtime_pins(name: str) -> dict[str, str]:
-    """A runtime's package set (name~=version lines) as name -> version."""
+    """A runtime's package set (name~=version lines, the versions the runtime ships) as
+    name -> version. The lines its header comments out (databricks-sdk, py4j, pyspark: masked
+    for databricks-connect) stay out; trainfeed's core requires none of them."""
     pins = {}
     for line in (RUNTIMES / name).read_text().splitlines():
         m = re.fullmatch(r"([A-Za-z0-9_.\-]+)\s*(?:~=|==)\s*(\S+)", line.strip())
         if m:
-            pins[m[1].lower().replace("_", "-")] = m[2]
+            pins[normalize(m[1])] = m[2]
     return pins
 
 
-# What installing the wheel upgrades on each runtime, on purpose: every other package of the
-# runtime is held at its version, and the resolver must still find a solution. Both runtimes:
-# adlfs 2024+ needs fsspec >= 2023.12 (they ship 2023.5). 15.4: typer 0.9 lacks what the CLIs
-# use (>= 0.12); deltalake 1.6 needs deprecated >= 1.2.18.
-UPGRADES = {
-    "15.4.x-cpu-ml-scala2.12.txt": ("3.11", {"fsspec", "typer", "deprecated"}),
-    "17.3.x-cpu-ml-scala2.13.txt": ("3.12", {"fsspec"}),
+# The Databricks ML runtimes, each with its Python and its package sets (RUNTIMES, SOURCE.md
+# there). A runtime's CPU and GPU images differ in GPU packages only: pip resolves against the
+# first file, and the others must ship the same version of every package that resolution
+# installs (16.4 has a GPU file only).
+DATABRICKS = {
+    "15.4": ("3.11", ["15.4.x-cpu-ml-scala2.12.txt", "15.4.x-gpu-ml-scala2.12.txt"]),
+    "16.4": ("3.12", ["16.4.x-gpu-ml-scala2.12.txt"]),
+    "17.3": ("3.12", ["17.3.x-cpu-ml-scala2.13.txt", "17.3.x-gpu-ml-scala2.13.txt"]),
+}
+
+# The packages a runtime ships that installing the wheel may replace, each with the reason
+# (docs/DATABRICKS.md lists the same). Every other package of the runtime keeps its version.
+CHANGES_ALLOWED = {
+    "15.4": {"deprecated": "every deltalake 1.x requires deprecated >= 1.2.18 (15.4 ships 1.2.14), and "
+                           "the Delta writer needs 1.x (deltalake.transaction is new in 1.0)"},
+    "16.4": {},
+    "17.3": {},
 }
 
 
+def resolve(python: str, held: dict[str, str], wheel: Path, tmp_path: Path) -> tuple[dict | None, str]:
+    """What `pip install WHEEL` installs with every package of `held` at its version (pip's
+    resolver, --dry-run): name -> version, or None and pip's account of the conflict."""
+    (tmp_path / "held.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(held.items())))
+    report = tmp_path / "report.json"
+    report.unlink(missing_ok=True)
+    res = pip(python, "install", "--dry-run", "--ignore-installed", "--report", str(report),
+              "-c", str(tmp_path / "held.txt"), str(wheel))
+    if res.returncode:
+        text = res.stdout + res.stderr
+        conflict = re.search(r"The conflict is caused by:.*?(?=\nTo fix)", text, re.S)
+        return None, conflict[0] if conflict else text[-3000:]
+    return {normalize(i["metadata"]["name"]): i["metadata"]["version"]
+            for i in json.loads(report.read_text())["install"]}, ""
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("runtime", sorted(UPGRADES))
-def test_the_wheel_resolves_on_the_databricks_runtime(wheel, tmp_path, runtime):
-    """pip's resolver on the runtime's Python, no Databricks needed: the runtime's packages as
-    exact constraints, except the upgrades named above; numpy, pandas, pyarrow and torch are
-    never replaced. About a minute each (package metadata from PyPI)."""
+@pytest.mark.parametrize("runtime", sorted(DATABRICKS))
+def test_installing_the_wheel_changes_no_package_the_runtime_ships(wheel, tmp_path, runtime):
+    """pip's resolver on the runtime's Python, no Databricks needed: the runtime's whole package
+    set held at its versions. The wheel must install without upgrading or downgrading any of
+    them but CHANGES_ALLOWED's, and those must still be needed (pip finds no solution holding
+    them). New packages (deltalake, obstore, ...) are fine. 10-40 s each (metadata from
+    PyPI)."""
     assert RUNTIMES.is_dir(), f"{RUNTIMES} is missing: the runtime package sets come from ../shared"
-    python_version, upgrades = UPGRADES[runtime]
-    pins = runtime_pins(runtime)
-    assert not upgrades & set(PROTECTED)
-    held = {n: v for n, v in pins.items() if n not in upgrades}
-    (tmp_path / "runtime.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(held.items())))
-    res = pip(interpreter(python_version), "install", "--dry-run", "--ignore-installed", "--report",
-              str(tmp_path / "report.json"), "-c", str(tmp_path / "runtime.txt"), str(wheel))
-    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
-    chosen = {i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"]
-              for i in json.loads((tmp_path / "report.json").read_text())["install"]}
-    for name in PROTECTED:
-        assert name not in chosen or chosen[name] == pins[name], (name, chosen[name], pins[name])
-    replaced = {n for n in chosen if n in pins and chosen[n] != pins[n]}
-    assert replaced == upgrades & set(pins), replaced
+    python_version, (first, *others) = DATABRICKS[runtime]
+    allowed = CHANGES_ALLOWED[runtime]
+    assert not set(allowed) & set(PROTECTED)
+    pins = runtime_pins(first)
+    python = interpreter(python_version)
+    chosen, why = resolve(python, pins, wheel, tmp_path)
+    if allowed:
+        assert chosen is None, (f"the wheel installs on DBR {runtime} with {sorted(allowed)} held too: drop "
+                                "them from CHANGES_ALLOWED and docs/DATABRICKS.md")
+        chosen, why = resolve(python, {n: v for n, v in pins.items() if n not in allowed}, wheel, tmp_path)
+    assert chosen is not None, f"installing the wheel on DBR {runtime} would change a package it ships:\n{why}"
+    changed = {n: f"{pins[n]} -> {v}" for n, v in chosen.items() if n in pins and v != pins[n]}
+    assert set(changed) <= set(allowed), changed
+    for other in others:
+        theirs = runtime_pins(other)
+        differ = {n: (pins.get(n), theirs.get(n)) for n in chosen if pins.get(n) != theirs.get(n)}
+        assert not differ, f"{other} ships other versions than {first} of {differ}: resolve it too"
+
+
+def test_docs_name_the_changes_allowed_on_each_runtime():
+    """docs/DATABRICKS.md's table says what the wheel changes on each runtime: "nothing", or
+    each package of CHANGES_ALLOWED."""
+    rows = {m[1]: m[2] for m in re.finditer(r"^\| (\d+\.\d+) LTS ML \| [^|]+ \| ([^|]+) \|",
+                                           (ROOT / "docs" / "DATABRICKS.md").read_text(), re.M)}
+    assert rows.keys() == DATABRICKS.keys()
+    for runtime, allowed in CHANGES_ALLOWED.items():
+        named = set(re.findall(r"(?:^|\. )([a-z][a-z0-9-]*): \d", rows[runtime]))
+        assert named == set(allowed) and (rows[runtime].strip() == "nothing") == (not allowed), (runtime, rows[runtime])
 
 
 def unmet(requirements: list[str], extras: set[str]) -> list[str]:
