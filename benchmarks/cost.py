@@ -9,7 +9,6 @@ relative to this machine; 1.0 unless a scenario sources another figure).
 """
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass, replace
 

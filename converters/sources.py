@@ -26,9 +26,9 @@ from fsspec.exceptions import FSTimeoutError
 from numpy.lib import format as npformat
 from PIL import Image, UnidentifiedImageError
 
-from .errors import SampleError, TrainfeedError, UsageError
+from .errors import SampleError, TrainfeedError
 from .layout import IMAGE_BYTES, RAW, RESERVED, SUPPORTED_DTYPES
-from .storage.config import DEFAULT_CALL_TIMEOUT_S, call_timeout, no_answer  # noqa: F401  (re-exported)
+from .storage.config import call_timeout, no_answer
 from .storage.filesystems import call, is_local, open_fs
 from .storage.native import Identity
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from trainfeed.converters import hdf5
-from trainfeed.converters.sources import DEFAULT_CALL_TIMEOUT_S
+from trainfeed.converters.storage.config import DEFAULT_CALL_TIMEOUT_S
 from tests.conftest import write_volumes
 
 pytestmark = pytest.mark.azurite
