@@ -198,9 +198,8 @@ class NativeFileSystem(AbstractFileSystem):
         if key:
             try:
                 return self._entry(path.split("/", 1)[0], self._run(path, obstore.head, store, key))
-            except (FileNotFoundError, OSError) as exc:
-                if not isinstance(exc, FileNotFoundError) and "404" not in str(exc):
-                    raise
+            except FileNotFoundError:
+                pass  # no object: maybe a prefix (a folder)
         listed = self._run(path, obstore.list_with_delimiter, store, key or None)
         if key and not (listed["objects"] or listed["common_prefixes"]):
             raise FileNotFoundError(self.unstrip_protocol(path))

@@ -51,6 +51,8 @@ class Relay:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
+        # a client that gives up on a request (a retry, a timeout) closes its socket: not an error here
+        self.server.handle_error = lambda request, client_address: None
         self.port = self.server.server_address[1]
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()
