@@ -39,7 +39,7 @@ from trainfeed.converters.sources import ImageOptions, Listing, Sample, SourceFi
 from .entry import run_job
 from .paths import fuse_path, spark_path
 from .repack_tasks import ATTEMPTS, TaskContext, TaskResult, plan_tasks, spark_task
-from .spark import get_spark, on_databricks
+from .spark import collect, get_spark, on_databricks
 
 
 #: The local JVM only schedules tasks (no sample byte enters it), so the optimizing JIT
@@ -246,7 +246,9 @@ def _stage(args: argparse.Namespace, folder: Path, spark) -> _Staged:
     by_id = labels.by_id
     rows = [(i, files, None if by_id is None else {f.id: by_id[f.id] for f in files if f.id in by_id})
             for i, files in enumerate(tasks)]
-    folder.mkdir(parents=True, exist_ok=True)
+    # tasks create their attempt folders in here, never its parents: a task still starting when
+    # a failed job's folder is removed cannot bring the folder back
+    (folder / ATTEMPTS).mkdir(parents=True, exist_ok=True)
     try:
         results: list[TaskResult] = _collect(sc.parallelize(rows, len(rows)).mapPartitions(spark_task(ctx)))
         rejects = _checked_rejects([r for res in results for r in res.rejects], args.on_error)
@@ -274,7 +276,7 @@ def _collect(rdd) -> list:
     """The tasks' results; a task that failed on trainfeed's own error (a file it could not
     read) fails the job with that message, not Spark's stack of Java and Python traces."""
     try:
-        return rdd.collect()
+        return collect(rdd)
     except Exception as exc:  # Py4JJavaError / PythonException: the task's traceback is in the text
         found = _TASK_ERROR.search(str(exc))
         if found is None:

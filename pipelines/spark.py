@@ -33,3 +33,36 @@ def get_spark(app_name: str = "trainfeed", cores: int | str = "*", driver_memory
     if java_options:
         builder = builder.config("spark.driver.extraJavaOptions", java_options)
     return builder.getOrCreate()
+
+
+def collect(rdd, *, stop_wait: float = 60.0) -> list:
+    """``rdd.collect()``; when the job fails, its other tasks are cancelled and waited for
+    (up to ``stop_wait`` s) before the error goes up, so that no task of a failed job still
+    writes into a folder the caller is about to remove."""
+    import time
+    import uuid
+
+    sc = rdd.context
+    group = f"trainfeed-{uuid.uuid4().hex[:12]}"
+    sc.setJobGroup(group, "trainfeed", interruptOnCancel=True)
+    try:
+        return rdd.collect()
+    except BaseException:
+        sc.cancelJobGroup(group)
+        tracker = sc.statusTracker()
+        deadline = time.monotonic() + stop_wait
+        while time.monotonic() < deadline and _running_tasks(tracker, group):
+            time.sleep(0.1)
+        raise
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+
+
+def _running_tasks(tracker, group: str) -> int:
+    running = 0
+    for job_id in tracker.getJobIdsForGroup(group):
+        job = tracker.getJobInfo(job_id)
+        for stage_id in job.stageIds if job else ():
+            stage = tracker.getStageInfo(stage_id)
+            running += stage.numActiveTasks if stage else 0
+    return running
