@@ -163,6 +163,7 @@ def test_task_attempts_write_apart(tmp_path):
     schema = repack.DatasetSchema(fields=list(guard.specs), labeled=False)
     ctx = TaskContext(str(src), {}, "npy", schema, list(guard.specs), "v000", str(tmp_path / "staging"),
                       WriteOptions(), first.nbytes, "fail", 2)
+    (tmp_path / "staging" / ATTEMPTS).mkdir(parents=True)  # the driver's part
     results = [run_task(ctx, 7, attempt, listing.files, None) for attempt in (0, 1)]
     assert [p["attempt"] for r in results for p in r.parts] == ["7-0", "7-1"]
     for r in results:
