@@ -69,26 +69,26 @@ demo: $(VENV)/.installed
 	bash scripts/demo.sh $(DEMO)
 
 bench-convert: $(VENV)/.installed
-	$(PY) -m trainfeed.benchmarks.convert_bench --out bench-out/convert.jsonl
+	$(PY) -m trainfeed.benchmarks.micro.convert_bench --out bench-out/convert.jsonl
 
 bench-loader: $(VENV)/.installed
-	$(PY) -m trainfeed.benchmarks.loader_bench --out bench-out/loader.jsonl
+	$(PY) -m trainfeed.benchmarks.micro.loader_bench --out bench-out/loader.jsonl
 
 # JSON lines on stdout (kept in bench-out/remote.jsonl), the summary table on stderr
 bench-remote: $(VENV)/.installed
 	mkdir -p bench-out
-	$(PY) -m trainfeed.benchmarks.remote_bench > bench-out/remote.jsonl
+	$(PY) -m trainfeed.benchmarks.micro.remote_bench > bench-out/remote.jsonl
 
 # JPEG decode per core and training input from a JPEG folder / encoded / decoded Parquet (JSON lines)
 bench-decode: $(VENV)/.installed
 	mkdir -p bench-out
-	$(PY) -m trainfeed.benchmarks.decode_bench | tee bench-out/decode.jsonl
+	$(PY) -m trainfeed.benchmarks.micro.decode_bench | tee bench-out/decode.jsonl
 
 # Object-storage reads next to the native client's floor, on Azurite and s3rver (JSON lines
 # in bench-out/io.jsonl, the summary table on stderr)
 bench-io: $(VENV)/.installed
 	mkdir -p bench-out
-	$(PY) -m trainfeed.benchmarks.io_bench > bench-out/io.jsonl
+	$(PY) -m trainfeed.benchmarks.micro.io_bench > bench-out/io.jsonl
 
 clean:
 	rm -rf $(VENV) $(PS_VENV) $(DEMO) bench-out .pytest_cache build dist

@@ -17,9 +17,9 @@ from trainfeed.converters.progress import progress_bar
 from trainfeed.converters.redact import redact, redact_json
 from trainfeed.converters.storage.fetch import DEFAULT_IO_CONCURRENCY
 
-from .catalog import CATALOG
-from .matrix import IMAGE_STORAGES, STORES
-from .synth import IMAGE_SIZE, VOLUME_SHAPE, generate_images, generate_volumes
+from trainfeed.benchmarks.model.catalog import CATALOG
+from trainfeed.benchmarks.ab.matrix import IMAGE_STORAGES, STORES
+from trainfeed.benchmarks.synth import IMAGE_SIZE, VOLUME_SHAPE, generate_images, generate_volumes
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False,
                   help="Measure what storage layout does to training: synthetic datasets and benchmarks.")
@@ -168,11 +168,11 @@ def run(
     from trainfeed.converters.cli import parse_resize
     from trainfeed.converters.cli_common import parse_storage_options
 
-    from . import report as report_mod
-    from .matrix import MatrixConfig, run_matrix
-    from .model import parse_loader
-    from .progress import MatrixProgress
-    from .scenario import load_scenario, prepare
+    from trainfeed.benchmarks.report import report as report_mod
+    from trainfeed.benchmarks.ab.matrix import MatrixConfig, run_matrix
+    from trainfeed.benchmarks.model.projection import parse_loader
+    from trainfeed.benchmarks.ab.progress import MatrixProgress
+    from trainfeed.benchmarks.model.scenario import load_scenario, prepare
 
     with exit_codes():
         baseline = parse_loader(baseline_loader) if baseline_loader else None
@@ -221,8 +221,8 @@ def report(
     catalog: Path = typer.Option(CATALOG, "--catalog"),
     baseline_loader: Optional[str] = typer.Option(None, "--baseline-loader", help=BASELINE_HELP),
 ) -> None:
-    from . import report as report_mod
-    from .model import parse_loader
+    from trainfeed.benchmarks.report import report as report_mod
+    from trainfeed.benchmarks.model.projection import parse_loader
 
     with exit_codes():
         baseline = parse_loader(baseline_loader) if baseline_loader else None
@@ -245,8 +245,8 @@ def calibrate(
     device: str = typer.Option("auto", "--device", help="auto (cuda when present), cpu or cuda."),
     amp: bool = typer.Option(False, "--amp"),
 ) -> None:
-    from .matrix import compute_only_torch
-    from .profiles import Accelerator, calibration_key, save_accelerator
+    from trainfeed.benchmarks.ab.matrix import compute_only_torch
+    from trainfeed.benchmarks.model.profiles import Accelerator, calibration_key, save_accelerator
 
     dims = _shape(shape)
     device = ("cuda" if _cuda() else "cpu") if device == "auto" else device
@@ -286,12 +286,12 @@ def probe(
     as_json: bool = typer.Option(False, "--json", help="Print the profile as JSON."),
 ) -> None:
     from trainfeed.converters.cli_common import parse_storage_options
-    from trainfeed.converters.options import parse_size
+    from trainfeed.converters.formats.options import parse_size
 
-    from . import storagesim  # noqa: F401  registers emulated://
-    from .probe import ProbeConfig, summary
-    from .probe import probe as run_probe
-    from .profiles import save_object_store
+    from trainfeed.benchmarks.ab import storagesim  # noqa: F401  registers emulated://
+    from trainfeed.benchmarks.ab.probe import ProbeConfig, summary
+    from trainfeed.benchmarks.ab.probe import probe as run_probe
+    from trainfeed.benchmarks.model.profiles import save_object_store
 
     with exit_codes():
         cfg = ProbeConfig(url, parse_storage_options(storage_option), parse_size(small_size, "--small-size"),
@@ -321,7 +321,7 @@ def prices(
     aws_url: Optional[str] = typer.Option(None, "--aws-url", help="AWS price list base URL "
                                           "(default: https://pricing.us-east-1.amazonaws.com)."),
 ) -> None:
-    from .prices import run as run_prices
+    from trainfeed.benchmarks.model.prices import run as run_prices
 
     with exit_codes():
         run_prices(catalog=catalog, as_json=as_json, do_refresh=refresh, azure_region=region, aws_region=aws_region,

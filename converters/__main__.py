@@ -1,3 +1,3 @@
-from .cli import main
+from trainfeed.converters.cli import main
 
 main()

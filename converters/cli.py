@@ -8,14 +8,14 @@ from typing import List, Optional
 
 import typer
 
-from .convert import ConvertConfig, convert
-from .errors import UsageError
-from .options import WriteOptions, parse_size
-from .progress import progress_bar
-from .cli_common import exit_codes, parse_storage_options
-from .redact import redact, redact_json
-from .sources import ImageOptions
-from .stores import FORMATS, WRITABLE
+from trainfeed.converters.convert import ConvertConfig, convert
+from trainfeed.converters.errors import UsageError
+from trainfeed.converters.formats.options import WriteOptions, parse_size
+from trainfeed.converters.progress import progress_bar
+from trainfeed.converters.cli_common import exit_codes, parse_storage_options
+from trainfeed.converters.redact import redact, redact_json
+from trainfeed.converters.sources.files import ImageOptions
+from trainfeed.converters.formats.registry import FORMATS, WRITABLE
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 

@@ -7,8 +7,8 @@ from typing import Iterator
 
 import typer
 
-from .errors import TrainfeedError, UsageError
-from .redact import redact, register_environment, register_storage_options
+from trainfeed.converters.errors import TrainfeedError, UsageError
+from trainfeed.converters.redact import redact, register_environment, register_storage_options
 
 
 @contextmanager

@@ -25,8 +25,8 @@ import shutil
 import uuid
 from pathlib import Path
 
-from .errors import TrainfeedError
-from .stores import identify
+from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.formats.registry import identify
 
 _TMP_TAG = ".trainfeed-tmp-"
 _OLD_TAG = ".trainfeed-old-"

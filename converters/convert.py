@@ -9,19 +9,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePath, PurePosixPath
 from typing import Callable, Iterator
 
-from . import delta, publish
-from .commit import DestinationLock, Staging
-from .interrupt import SafeInterrupts
-from .errors import SampleError, TrainfeedError, UsageError
-from .labels import Labels, resolve_labels
-from .layout import DatasetSchema
-from .location import Location, as_location, is_remote, locate
-from .options import WriteOptions, WriteResult, check_compression
-from .redact import redact_json, redact_url
-from .samples import SchemaGuard, load_sample, ordered_map
-from .sources import ImageOptions, Sample, list_source
-from .stores import FORMATS, WRITABLE, identify
-from .verify import verify_store
+from trainfeed.converters.formats import delta
+from trainfeed.converters import publish
+from trainfeed.converters.commit import DestinationLock, Staging
+from trainfeed.converters.interrupt import SafeInterrupts
+from trainfeed.converters.errors import SampleError, TrainfeedError, UsageError
+from trainfeed.converters.sources.labels import Labels, resolve_labels
+from trainfeed.converters.formats.layout import DatasetSchema
+from trainfeed.converters.storage.location import Location, as_location, is_remote, locate
+from trainfeed.converters.formats.options import WriteOptions, WriteResult
+from trainfeed.converters.redact import redact_json, redact_url
+from trainfeed.converters.sources.samples import SchemaGuard, load_sample, ordered_map
+from trainfeed.converters.sources.files import ImageOptions, Sample, list_source
+from trainfeed.converters.formats.registry import FORMATS, WRITABLE, check_compression, identify
+from trainfeed.converters.verify import verify_store
 
 ON_ERROR = ("fail", "skip")
 REJECTS_SUFFIX = ".rejects.jsonl"

@@ -27,11 +27,11 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Callable
 
-from .errors import TrainfeedError
-from .layout import MANIFEST
-from .location import Location
-from .stores import RUN_PART, identify
-from .storage.upload import Uploader
+from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.formats.layout import MANIFEST
+from trainfeed.converters.storage.location import Location
+from trainfeed.converters.formats.registry import RUN_PART, identify
+from trainfeed.converters.storage.upload import Uploader
 
 Check = Callable[[Location], "dict | None"]
 

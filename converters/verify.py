@@ -6,11 +6,11 @@ from typing import Iterator
 
 import numpy as np
 
-from .errors import VerifyError
-from .labels import Labels
-from .samples import load_sample, ordered_map
-from .sources import IMAGE, IMAGE_FIELD, ImageOptions, Listing, Sample, SourceFile, exact_pixels, read_bytes
-from .stores import FORMATS
+from trainfeed.converters.errors import VerifyError
+from trainfeed.converters.sources.labels import Labels
+from trainfeed.converters.sources.samples import load_sample, ordered_map
+from trainfeed.converters.sources.files import IMAGE, IMAGE_FIELD, ImageOptions, Listing, Sample, SourceFile, exact_pixels, read_bytes
+from trainfeed.converters.formats.registry import FORMATS
 
 _MAX_REPORTED = 5
 

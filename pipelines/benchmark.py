@@ -17,7 +17,7 @@ from pathlib import Path
 from trainfeed.converters.errors import TrainfeedError
 from trainfeed.converters.redact import redact
 
-from .entry import run_job
+from trainfeed.pipelines.entry import run_job
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -48,7 +48,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from trainfeed.benchmarks.matrix import MatrixConfig, run_matrix
+    from trainfeed.benchmarks.ab.matrix import MatrixConfig, run_matrix
 
     def csv(text):
         return tuple(x for x in text.split(",") if x)
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def merge(args: argparse.Namespace) -> dict:
-    from trainfeed.benchmarks import report
+    from trainfeed.benchmarks.report import report
 
     out = Path(args.out)
     lines = []

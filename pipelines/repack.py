@@ -24,22 +24,22 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from trainfeed.converters import delta, parquet
+from trainfeed.converters.formats import delta, parquet
 from trainfeed.converters.cli_common import parse_storage_options
 from trainfeed.converters.commit import DestinationLock, Staging
 from trainfeed.converters.convert import check_apart, check_destination, destination_path, source_location, write_rejects_report
 from trainfeed.converters.errors import SampleError, TrainfeedError, UsageError
-from trainfeed.converters.labels import Labels, resolve_labels
-from trainfeed.converters.layout import DatasetSchema, arrow_schema
-from trainfeed.converters.options import WriteOptions, parse_size
+from trainfeed.converters.sources.labels import Labels, resolve_labels
+from trainfeed.converters.formats.layout import DatasetSchema, arrow_schema
+from trainfeed.converters.formats.options import WriteOptions, parse_size
 from trainfeed.converters.redact import redact
-from trainfeed.converters.samples import SchemaGuard, load_sample
-from trainfeed.converters.sources import ImageOptions, Listing, Sample, SourceFile, list_source
+from trainfeed.converters.sources.samples import SchemaGuard, load_sample
+from trainfeed.converters.sources.files import ImageOptions, Listing, Sample, SourceFile, list_source
 
-from .entry import run_job
-from .paths import fuse_path, spark_path
-from .repack_tasks import ATTEMPTS, TaskContext, TaskResult, plan_tasks, spark_task
-from .spark import collect, get_spark, on_databricks
+from trainfeed.pipelines.entry import run_job
+from trainfeed.pipelines.paths import fuse_path, spark_path
+from trainfeed.pipelines.repack_tasks import ATTEMPTS, TaskContext, TaskResult, plan_tasks, spark_task
+from trainfeed.pipelines.spark import collect, get_spark, on_databricks
 
 
 #: The local JVM only schedules tasks (no sample byte enters it), so the optimizing JIT

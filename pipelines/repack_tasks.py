@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Iterator
 
 from trainfeed.converters.errors import SampleError, TrainfeedError
-from trainfeed.converters.labels import Labels
-from trainfeed.converters.layout import DatasetSchema, FieldSpec
-from trainfeed.converters.options import WriteOptions
-from trainfeed.converters.parquet import write_parts
-from trainfeed.converters.samples import SchemaGuard, load_sample, ordered_map
-from trainfeed.converters.sources import ImageOptions, Sample, SourceFile
+from trainfeed.converters.sources.labels import Labels
+from trainfeed.converters.formats.layout import DatasetSchema, FieldSpec
+from trainfeed.converters.formats.options import WriteOptions
+from trainfeed.converters.formats.parquet import write_parts
+from trainfeed.converters.sources.samples import SchemaGuard, load_sample, ordered_map
+from trainfeed.converters.sources.files import ImageOptions, Sample, SourceFile
 from trainfeed.converters.storage.filesystems import open_fs
 
 

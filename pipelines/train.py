@@ -14,7 +14,7 @@ from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.training.cli import run as train_one
 from trainfeed.training.config import TrainConfig, check
 
-from .entry import run_job
+from trainfeed.pipelines.entry import run_job
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -61,7 +61,7 @@ def train(args: argparse.Namespace) -> dict:
         return train_one(cfg)
     from trainfeed.training.distributed import train_distributed
 
-    from .spark import get_spark, on_databricks
+    from trainfeed.pipelines.spark import get_spark, on_databricks
 
     local_mode = args.local_mode == "true"
     if not local_mode and on_databricks():

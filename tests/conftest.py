@@ -101,7 +101,7 @@ def spark():
 @pytest.fixture(scope="session")
 def azurite_server():
     """A real Azure Blob endpoint (Azurite) on a free loopback port."""
-    from trainfeed.benchmarks import azurite
+    from trainfeed.benchmarks.emulators import azurite
 
     with azurite.start() as server:
         yield server
@@ -110,7 +110,7 @@ def azurite_server():
 @pytest.fixture(scope="session")
 def s3_server():
     """A real S3 HTTP API (moto's server, in its own process) on a free loopback port."""
-    from trainfeed.benchmarks import s3server
+    from trainfeed.benchmarks.emulators import s3server
 
     with s3server.start() as server:
         yield server

@@ -153,8 +153,8 @@ def test_the_typed_options_name_what_the_registries_hold():
     from typing import get_args
 
     from trainfeed import conversion, store
-    from trainfeed.converters.stores import FORMATS, WRITABLE
-    from trainfeed.training.readers import POOLS
+    from trainfeed.converters.formats.registry import FORMATS, WRITABLE
+    from trainfeed.training.reading.readers import POOLS
 
     assert set(get_args(store.Format)) == set(FORMATS)
     assert set(get_args(conversion.WritableFormat)) == set(WRITABLE)

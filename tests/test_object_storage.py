@@ -107,7 +107,7 @@ class Backend:
 def azurite_backend(server) -> Backend:
     import fsspec
 
-    from trainfeed.benchmarks.azurite import ACCOUNT_KEY
+    from trainfeed.benchmarks.emulators.azurite import ACCOUNT_KEY
 
     def make_fs():
         return fsspec.filesystem("abfs", skip_instance_cache=True, **server.storage_options)
@@ -118,7 +118,7 @@ def azurite_backend(server) -> Backend:
 
 
 def s3_backend(server) -> Backend:
-    from trainfeed.benchmarks.s3server import SECRET_KEY
+    from trainfeed.benchmarks.emulators.s3server import SECRET_KEY
 
     return Backend("s3", "s3", dict(server.storage_options), server.cli_options, (SECRET_KEY,), server.filesystem,
                    server.create_bucket)
@@ -294,7 +294,7 @@ def test_moto_server_takes_conditional_puts_and_delta_rs_commits_with_trainfeeds
     import botocore.session
     from deltalake import DeltaTable, write_deltalake
 
-    from trainfeed.benchmarks import s3server
+    from trainfeed.benchmarks.emulators import s3server
 
     s3 = get_backend(request, "s3")
     opts = s3.delta_options()
@@ -470,7 +470,7 @@ def test_cache_dir_serves_epochs_once_the_objects_are_gone(azure, tmp_path, kind
     """The read engine with ``cache_dir``: epoch 0 fills the cache (within ``cache_limit``);
     with the data parts then deleted from the store, the opened store reads epoch 0 again (the
     same batches, bit for bit) and epoch 1 (every sample) from the cache."""
-    from trainfeed.training.readers import ReaderOptions, iter_batches, open_store
+    from trainfeed.training.reading.readers import ReaderOptions, iter_batches, open_store
 
     src = tmp_path / "vols"
     truth = source(src, 40, seed=7)
@@ -494,7 +494,7 @@ def test_cache_dir_serves_epochs_once_the_objects_are_gone(azure, tmp_path, kind
 
 @pytest.mark.azurite
 def test_a_cache_smaller_than_the_store_stays_within_its_limit(azure, tmp_path):
-    from trainfeed.training.readers import ReaderOptions, iter_batches, open_store
+    from trainfeed.training.reading.readers import ReaderOptions, iter_batches, open_store
 
     src = tmp_path / "vols"
     truth = source(src, 48, seed=8)
@@ -840,7 +840,7 @@ def test_remote_convert_and_train_print_and_write_no_secret(request, tmp_path, b
 def test_s3_credentials_from_the_environment_are_not_written(request, tmp_path):
     """The usual AWS_* variables instead of options (only the endpoint is an option): a
     Delta conversion (s3fs writes the parts, delta-rs the commit) works and writes no secret."""
-    from trainfeed.benchmarks import s3server
+    from trainfeed.benchmarks.emulators import s3server
 
     s3 = get_backend(request, "s3")
     src = tmp_path / "vols"
@@ -863,7 +863,7 @@ def test_s3_credentials_from_the_environment_are_not_written(request, tmp_path):
 def test_a_foreign_table_on_object_storage_reads_bit_for_bit(request, tmp_path, backend_name, fmt, encoding):
     """Issue #13: a table another tool wrote (Parquet files and Spark's _SUCCESS; a Delta table)
     uploaded as is, read with --tensor-column & co. through the same remote reader."""
-    from tests.training.test_foreign import arrow_table, epoch, open_table, samples, write_delta, write_parquet
+    from tests.training.reading.test_foreign import arrow_table, epoch, open_table, samples, write_delta, write_parquet
 
     backend = get_backend(request, backend_name)
     local = (write_parquet if fmt == "parquet" else write_delta)(tmp_path / "table", arrow_table(encoding))

@@ -85,7 +85,7 @@ SMOKE = textwrap.dedent("""
             assert exc.name.split(".")[0] in OPTIONAL, (mod.name, exc.name)
             missing[mod.name] = exc.name
 
-    from trainfeed.training.readers import ReaderOptions, iter_batches, open_store
+    from trainfeed.training.reading.readers import ReaderOptions, iter_batches, open_store
     work = Path(sys.argv[1])
     rng = np.random.default_rng(0)
     truth = {}

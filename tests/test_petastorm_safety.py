@@ -88,7 +88,7 @@ def test_train_never_unpickles_a_planted_common_metadata(planted, tmp_path, fmt,
 @pytest.mark.parametrize("fmt", ["parquet", "delta"])
 def test_store_readers_never_unpickle_a_planted_common_metadata(planted, fmt):
     """What `convert --verify` reads a store with: every sample comes back, bit for bit."""
-    from trainfeed.converters.stores import FORMATS
+    from trainfeed.converters.formats.registry import FORMATS
 
     rows = list(FORMATS[fmt].read_samples(planted["stores"][fmt]))
     assert [r[0] for r in rows] == sorted(planted["samples"])

@@ -20,7 +20,7 @@ AZ = "secrets"  # container on the test Azurite
 
 def account_key_parts() -> tuple[str, ...]:
     """The key, and its longest run before a character that URL-encoding would change."""
-    from trainfeed.benchmarks.azurite import ACCOUNT_KEY
+    from trainfeed.benchmarks.emulators.azurite import ACCOUNT_KEY
 
     return ACCOUNT_KEY, ACCOUNT_KEY.split("/")[0]
 

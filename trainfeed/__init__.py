@@ -23,24 +23,24 @@ from trainfeed.converters import __version__
 
 if TYPE_CHECKING:
     from trainfeed.converters.errors import TrainfeedError, UsageError
-    from trainfeed.converters.foreign import ForeignSchema
+    from trainfeed.converters.formats.foreign import ForeignSchema
     from trainfeed.training.config import TrainConfig
-    from trainfeed.training.readers import Batch
+    from trainfeed.training.reading.readers import Batch
 
-    from .conversion import ConvertResult, convert
-    from .store import Store, open_store
-    from .tf_data import tf_dataset
-    from .torch_data import TorchDataset
-    from .trainer import TrainResult, train
+    from trainfeed.conversion import ConvertResult, convert
+    from trainfeed.store import Store, open_store
+    from trainfeed.tf_data import tf_dataset
+    from trainfeed.torch_data import TorchDataset
+    from trainfeed.trainer import TrainResult, train
 
 #: Where each name of the API lives. Imported on first use: ``import trainfeed.converters``
 #: (every CLI) stays light, and only TorchDataset imports torch.
 _API = {
     "convert": ".conversion", "ConvertResult": ".conversion", "open_store": ".store", "Store": ".store",
-    "Batch": "trainfeed.training.readers", "TorchDataset": ".torch_data", "tf_dataset": ".tf_data",
+    "Batch": "trainfeed.training.reading.readers", "TorchDataset": ".torch_data", "tf_dataset": ".tf_data",
     "train": ".trainer", "TrainConfig": "trainfeed.training.config", "TrainResult": ".trainer",
     "TrainfeedError": "trainfeed.converters.errors", "UsageError": "trainfeed.converters.errors",
-    "ForeignSchema": "trainfeed.converters.foreign",
+    "ForeignSchema": "trainfeed.converters.formats.foreign",
 }
 
 __all__ = ["__version__", "convert", "ConvertResult", "open_store", "Store", "Batch", "TorchDataset", "tf_dataset",

@@ -8,9 +8,9 @@ from typing import Any, Literal, Mapping
 from trainfeed.converters.convert import ConvertConfig
 from trainfeed.converters.convert import convert as _convert
 from trainfeed.converters.errors import UsageError
-from trainfeed.converters.options import WriteOptions, parse_size
-from trainfeed.converters.sources import ImageOptions
-from trainfeed.converters.stores import FORMATS
+from trainfeed.converters.formats.options import WriteOptions, parse_size
+from trainfeed.converters.sources.files import ImageOptions
+from trainfeed.converters.formats.registry import FORMATS
 
 WritableFormat = Literal["parquet", "delta", "hdf5"]
 Mode = Literal["create", "overwrite", "append"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterator, Literal, Mapping
 
-from trainfeed.converters.foreign import foreign_schema
-from trainfeed.training import readers
-from trainfeed.training.readers import Batch, ReaderOptions
+from trainfeed.converters.formats.foreign import foreign_schema
+from trainfeed.training.reading import readers
+from trainfeed.training.reading.readers import Batch, ReaderOptions
 
 Format = Literal["parquet", "delta", "hdf5", "blob"]
 Encoding = Literal["auto", "npy", "raw", "list"]

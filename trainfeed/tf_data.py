@@ -1,7 +1,7 @@
 """``trainfeed.tf_dataset``: one epoch of a store as a ``tf.data.Dataset``."""
 from __future__ import annotations
 
-from .store import Pool, Store, open_store
+from trainfeed.store import Pool, Store, open_store
 
 
 def tf_dataset(store: Store | str, *, batch_size: int = 32, shuffle: bool = True, seed: int = 0, epoch: int = 0,
@@ -10,7 +10,7 @@ def tf_dataset(store: Store | str, *, batch_size: int = 32, shuffle: bool = True
     """(x, y) batches as ``Store.batches`` yields them (x of the stored dtype and sample shape,
     y int64; encoded images decoded, ``augment`` as there), read ahead by ``prefetch`` batches;
     a new call per epoch."""
-    from trainfeed.training.loop_tf import tf_dataset as build
+    from trainfeed.training.loops.loop_tf import tf_dataset as build
 
     store = store if isinstance(store, Store) else open_store(store)
     opts = store.options(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, workers=workers,

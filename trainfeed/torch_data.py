@@ -11,7 +11,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from trainfeed.converters.errors import TrainfeedError
 
-from .store import Pool, Store, open_store
+from trainfeed.store import Pool, Store, open_store
 
 
 def _rank_world() -> tuple[int, int]:

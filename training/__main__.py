@@ -1,3 +1,3 @@
-from .cli import main
+from trainfeed.training.cli import main
 
 main()

@@ -10,14 +10,14 @@ import typer
 
 from trainfeed.converters.cli import parse_resize
 from trainfeed.converters.cli_common import exit_codes, parse_storage_options
-from trainfeed.converters.foreign import ENCODINGS, foreign_schema
-from trainfeed.converters.layout import SUPPORTED_DTYPES
-from trainfeed.converters.options import parse_size
+from trainfeed.converters.formats.foreign import ENCODINGS, foreign_schema
+from trainfeed.converters.formats.layout import SUPPORTED_DTYPES
+from trainfeed.converters.formats.options import parse_size
 from trainfeed.converters.redact import redact, redact_json
-from trainfeed.converters.stores import FORMATS
+from trainfeed.converters.formats.registry import FORMATS
 
-from .config import TrainConfig, check
-from .readers import POOLS
+from trainfeed.training.config import TrainConfig, check
+from trainfeed.training.reading.readers import POOLS
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 
@@ -40,7 +40,7 @@ Dtype = Enum("Dtype", {name: name for name in SUPPORTED_DTYPES}, type=str)
 
 def run(cfg: TrainConfig) -> dict:
     """``train``: check the options, then run the loop; the summary (summary.json)."""
-    from .loop import train
+    from trainfeed.training.loops.loop import train
 
     check(cfg)
     return train(cfg)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
-from trainfeed.converters.foreign import ForeignSchema
+from trainfeed.converters.formats.foreign import ForeignSchema
 
 Framework = Literal["torch", "tf"]
 Device = Literal["cpu", "cuda"]
@@ -112,7 +112,7 @@ def check(cfg: TrainConfig) -> None:
 
 def check_data_service(cfg: TrainConfig) -> None:
     """Both frameworks: the trainer is a tf.data service client, so TensorFlow must import here."""
-    from .service_input import dispatcher_host_port, require_tensorflow
+    from trainfeed.training.reading.service_input import dispatcher_host_port, require_tensorflow
 
     if cfg.resume:
         raise UsageError("--data-service does not combine with --resume: the service hands samples to its workers "

@@ -32,7 +32,7 @@ def dispatcher(port: int) -> None:
 def worker(address: str, port: int, host: str) -> None:
     import tensorflow as tf
 
-    from .service_input import dispatcher_host_port
+    from trainfeed.training.reading.service_input import dispatcher_host_port
 
     dispatcher_host, dispatcher_port = dispatcher_host_port(address, "--dispatcher")
     config = tf.data.experimental.service.WorkerConfig(
@@ -44,8 +44,8 @@ def worker(address: str, port: int, host: str) -> None:
 
 def measure(data: str, image_size: tuple[int, int], batch_size: int, service: str | None, augment: bool) -> dict:
     """Images/s of one epoch of the offloaded pipeline (read + decode + augment), no training."""
-    from .readers import ReaderOptions, open_store
-    from .service_input import check_reachable, check_store, distributed
+    from trainfeed.training.reading.readers import ReaderOptions, open_store
+    from trainfeed.training.reading.service_input import check_reachable, check_store, distributed
 
     opts = ReaderOptions(batch_size=batch_size, image_size=image_size, augment=augment)
     store = open_store(data, "blob", opts)

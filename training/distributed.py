@@ -17,7 +17,7 @@ from pathlib import Path
 
 from trainfeed.converters.errors import UsageError
 
-from .config import TrainConfig, distributed_env
+from trainfeed.training.config import TrainConfig, distributed_env
 
 TASK_GPUS = "spark.task.resource.gpu.amount"
 RUN_FILE = "distributed.json"
@@ -71,7 +71,7 @@ def _worker(cfg_dict: dict, dist_dict: dict) -> dict:
     """Runs in each process TorchDistributor starts (RANK / WORLD_SIZE set by torchrun)."""
     from trainfeed.training.config import TrainConfig as Config
     from trainfeed.training.distributed import write_from_rank_zero as write
-    from trainfeed.training.loop import train
+    from trainfeed.training.loops.loop import train
 
     summary = train(Config(**cfg_dict))
     write(Path(cfg_dict["out"]) / RUN_FILE, {**dist_dict, "world_size": summary.get("world_size")})

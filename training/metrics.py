@@ -194,3 +194,11 @@ def environment() -> dict:
     return {"python": platform.python_version(), "os": platform.platform(),
             "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
             "ram_gb": round(psutil.virtual_memory().total / 1e9, 1), "gpu": gpu, **versions}
+
+
+def record(timer: StepTimer, step: int, epoch: int, wait: float, compute: float, samples: int, nbytes: int,
+           loss: float | None = None) -> StepRecord:
+    """Account one step in ``timer`` (and its sink)."""
+    rec = StepRecord(step, epoch, wait, compute, samples, nbytes, loss)
+    timer.add(rec)
+    return rec

@@ -12,7 +12,7 @@ import math
 import os
 from datetime import timedelta
 
-from ..errors import UsageError
+from trainfeed.converters.errors import UsageError
 
 AZURE = ("abfs", "abfss", "az")
 S3 = ("s3", "s3a")

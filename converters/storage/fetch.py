@@ -25,11 +25,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from fsspec.exceptions import FSTimeoutError
 
-from ..errors import TrainfeedError
-from .cache import DiskCache
-from .config import call_timeout, no_answer
-from .filesystems import call
-from .native import Identity, NativeFileSystem, ObjectChanged, changed_message
+from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.storage.cache import DiskCache
+from trainfeed.converters.storage.config import call_timeout, no_answer
+from trainfeed.converters.storage.filesystems import call
+from trainfeed.converters.storage.native import Identity, NativeFileSystem, ObjectChanged, changed_message
 
 #: Bytes per range request when a span is split across connections: large enough to run near
 #: a stream's bandwidth past the first-byte latency (8 MB at 60 MB/s: ~87% with 20 ms).

@@ -13,9 +13,9 @@ import fsspec
 import fsspec.asyn
 from fsspec.implementations.local import LocalFileSystem
 
-from ..errors import UsageError
-from .config import AZURE, CALL_TIMEOUT, NATIVE_SCHEMES, call_timeout
-from .native import NativeFileSystem
+from trainfeed.converters.errors import UsageError
+from trainfeed.converters.storage.config import AZURE, CALL_TIMEOUT, NATIVE_SCHEMES, call_timeout
+from trainfeed.converters.storage.native import NativeFileSystem
 
 
 def open_fs(url: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str]:

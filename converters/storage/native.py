@@ -27,9 +27,9 @@ from fsspec.spec import AbstractFileSystem
 from obstore.exceptions import BaseError, PermissionDeniedError, PreconditionError, UnauthenticatedError
 from obstore.store import AzureStore, GCSStore, S3Store
 
-from ..errors import TrainfeedError
-from ..redact import redact
-from .config import AZURE, GCS, S3, client_settings
+from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.redact import redact
+from trainfeed.converters.storage.config import AZURE, GCS, S3, client_settings
 
 #: Bytes per block of a multipart (S3, GCS) or block-blob (Azure) upload, and blocks in flight.
 UPLOAD_CHUNK = 16 << 20

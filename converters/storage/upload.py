@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:  # the storage layer does not import what sits above it
-    from ..location import Location
+    from trainfeed.converters.storage.location import Location
 
 
 class Uploader:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from trainfeed.benchmarks.matrix import RESULTS_VERSION
-from trainfeed.benchmarks.verdict import checks, verdict
-from trainfeed.benchmarks.profiles import OBJECT_STORES
+from trainfeed.benchmarks.ab.matrix import RESULTS_VERSION
+from trainfeed.benchmarks.model.verdict import checks, verdict
+from trainfeed.benchmarks.model.profiles import OBJECT_STORES
 
 
 def cell(store: str = "parquet", node: str = "t4", framework: str = "torch", *, compute: float = 100.0,

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainfeed.converters import parquet
+from trainfeed.converters.formats import parquet
 from tests.conftest import write_images, write_volumes
 
 FORMATS = [("parquet", "out.parquet"), ("delta", "out.delta"), ("hdf5", "out.h5")]
@@ -218,7 +218,7 @@ def test_overwrite_replaces_a_store(tmp_path, convert_cli):
     dst = tmp_path / "o.h5"
     assert convert_cli(a, dst, "--to", "hdf5").exit_code == 0
     assert convert_cli(b, dst, "--to", "hdf5", "--overwrite", "--verify").exit_code == 0
-    from trainfeed.converters import hdf5
+    from trainfeed.converters.formats import hdf5
     got = {sid: f["volume"] for sid, _, f in hdf5.read_samples(dst)}
     assert set(got) == set(truth_b) and all(np.array_equal(got[k], truth_b[k][0]) for k in got)
     assert leftovers(tmp_path, "o.h5") == ["o.h5"]
@@ -266,7 +266,7 @@ def test_usage_errors_exit_2(tmp_path, volumes, convert_cli, args, message):
 
 
 def test_failed_verify_of_a_delta_overwrite_restores_the_previous_version(tmp_path, volumes, monkeypatch):
-    from trainfeed.converters import delta
+    from trainfeed.converters.formats import delta
     from trainfeed.converters import verify as verify_mod
     from trainfeed.converters.cli import app
     from tests.conftest import run_cli

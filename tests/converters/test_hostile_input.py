@@ -20,14 +20,15 @@ import pytest
 from numpy.lib import format as npformat
 from PIL import Image
 
-from trainfeed.converters import parquet, sources
-from trainfeed.converters.labels import Labels
-from trainfeed.converters.samples import load_sample
-from trainfeed.converters.sources import ImageOptions, list_source
-from trainfeed.converters.stores import FORMATS
+from trainfeed.converters.formats import parquet
+from trainfeed.converters.sources import files as sources
+from trainfeed.converters.sources.labels import Labels
+from trainfeed.converters.sources.samples import load_sample
+from trainfeed.converters.sources.files import ImageOptions, list_source
+from trainfeed.converters.formats.registry import FORMATS
 from trainfeed.converters.verify import reference_sample, same_value
 from tests.conftest import write_volumes
-from tests.converters.test_roundtrip import TARGETS, stored
+from tests.converters.formats.test_roundtrip import TARGETS, stored
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -392,7 +393,7 @@ def test_npy_headers_parse_safely_from_many_threads():
         import gc, io, sys, time
         from concurrent.futures import ThreadPoolExecutor
         import numpy as np
-        from trainfeed.converters.sources import decode_npy
+        from trainfeed.converters.sources.files import decode_npy
         buf = io.BytesIO(); np.save(buf, np.arange(900, dtype=np.float32).reshape(30, 30))
         data = buf.getvalue()
         sys.setswitchinterval(1e-6); gc.set_threshold(5); gc.callbacks.append(lambda *a: time.sleep(0))

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainfeed.converters import delta, hdf5, parquet
-from trainfeed.converters.stores import detect_format
+from trainfeed.converters.formats import delta, hdf5, parquet
+from trainfeed.converters.formats.registry import detect_format
 from tests.conftest import write_volumes
 
 READERS = {"parquet": parquet, "delta": delta, "hdf5": hdf5}

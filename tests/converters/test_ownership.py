@@ -17,10 +17,10 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
-from trainfeed.converters import delta, hdf5
+from trainfeed.converters.formats import delta, hdf5
 from trainfeed.converters.commit import DestinationLock
-from trainfeed.converters.layout import MANIFEST
-from trainfeed.converters.stores import FORMATS
+from trainfeed.converters.formats.layout import MANIFEST
+from trainfeed.converters.formats.registry import FORMATS
 from tests.conftest import write_images, write_volumes
 from tests.converters.test_bad_input import tree_digest
 
@@ -39,7 +39,7 @@ HELD_RUN = """
 import sys
 from trainfeed.converters.convert import ConvertConfig, convert
 from trainfeed.converters.errors import TrainfeedError
-from trainfeed.converters.options import WriteOptions
+from trainfeed.converters.formats.options import WriteOptions
 
 def hold(files_done, _bytes):
     if files_done == 1:

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from trainfeed.converters import delta, parquet
+from trainfeed.converters.formats import delta, parquet
 from tests.conftest import run_cli, write_volumes
 from tests.pipelines.test_bundle import bundle, jobs
 

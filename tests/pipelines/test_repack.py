@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import trainfeed
-from trainfeed.converters import delta, parquet
+from trainfeed.converters.formats import delta, parquet
 from tests.conftest import run_cli, write_volumes
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -47,7 +47,7 @@ def schema_metadata(table_path: Path) -> dict[str, dict]:
 
 def test_the_databricks_delta_branch_writes_a_table_trainfeed_reads(tmp_path, spark, monkeypatch):
     from trainfeed.converters.cli import app
-    from trainfeed.converters.stores import identify
+    from trainfeed.converters.formats.registry import identify
     from trainfeed.pipelines import repack
 
     src = tmp_path / "raw"
@@ -133,7 +133,7 @@ def test_a_reject_with_on_error_fail_leaves_nothing(tmp_path, spark):
 
 
 def test_tasks_are_runs_of_consecutive_ids_of_about_the_target_size():
-    from trainfeed.converters.sources import SourceFile
+    from trainfeed.converters.sources.files import SourceFile
     from trainfeed.pipelines.repack_tasks import plan_tasks
 
     files = [SourceFile(f"v{i:03d}", f"/d/v{i:03d}.npy", size) for i, size in enumerate([40, 40, 40, 100, 10, 10])]
@@ -147,10 +147,10 @@ def test_task_attempts_write_apart(tmp_path):
     write into folders of their own, each a whole part of the task's files in id order."""
     import pyarrow.parquet as pq
 
-    from trainfeed.converters.labels import Labels
-    from trainfeed.converters.options import WriteOptions
-    from trainfeed.converters.sources import ImageOptions, list_source
-    from trainfeed.converters.samples import SchemaGuard, load_sample
+    from trainfeed.converters.sources.labels import Labels
+    from trainfeed.converters.formats.options import WriteOptions
+    from trainfeed.converters.sources.files import ImageOptions, list_source
+    from trainfeed.converters.sources.samples import SchemaGuard, load_sample
     from trainfeed.pipelines import repack
     from trainfeed.pipelines.repack_tasks import ATTEMPTS, TaskContext, run_task
 
@@ -174,7 +174,7 @@ def test_task_attempts_write_apart(tmp_path):
 
 
 def test_small_datasets_are_spread_over_every_core():
-    from trainfeed.converters.sources import SourceFile
+    from trainfeed.converters.sources.files import SourceFile
     from trainfeed.pipelines.repack import task_bytes
 
     files = [SourceFile(f"v{i}", f"/d/v{i}.npy", 1000) for i in range(100)]
@@ -280,8 +280,8 @@ def test_table_names(name, quoted):
 
 
 def test_only_a_table_trainfeed_committed_to_is_replaced():
-    from trainfeed.converters import delta as delta_format
-    from trainfeed.converters.layout import DatasetSchema
+    from trainfeed.converters.formats import delta as delta_format
+    from trainfeed.converters.formats.layout import DatasetSchema
     from trainfeed.pipelines.repack import check_table
 
     ours = {"version": 0, "userMetadata": delta_format.user_metadata(DatasetSchema(fields=[], labeled=False))}

@@ -55,7 +55,7 @@ def test_full_size_models_match_the_reference_parameter_count():
     """The reference 3D ResNet has 33.4M parameters for 10 channels and 1 output."""
     import torch
 
-    from trainfeed.training.models_torch import build, parameter_count
+    from trainfeed.training.models.resnet_torch import build, parameter_count
 
     model = build((30, 30, 10, 10), 1)
     counts = parameter_count(model)
@@ -70,7 +70,7 @@ def test_full_size_models_match_the_reference_parameter_count():
 @pytest.mark.slow
 @pytest.mark.tf
 def test_keras_model_has_the_same_size():
-    from trainfeed.training.models_tf import build, parameter_count
+    from trainfeed.training.models.resnet_tf import build, parameter_count
 
     counts = parameter_count(build((30, 30, 10, 10), 1))
     assert counts["trainable"] == 33_232_641 and counts["non_trainable"] == 9_600
@@ -170,7 +170,7 @@ def test_2d_resnet_trains_from_an_image_store(tmp_path):
     s = json.loads(res.stdout)
     assert s["sample_shape"] == [32, 32, 3] and s["steps"] == 3 and s["num_classes"] == 2
     assert s["parameters"]["trainable"] > 0
-    # encoded images (the JPEG bytes) are decoded while training (tests/training/test_images.py)
+    # encoded images (the JPEG bytes) are decoded while training (tests/training/reading/test_images.py)
     assert run_cli(app, tmp_path / "imgs", tmp_path / "enc.h5", "--to", "hdf5", "--resize", "32x32",
                    "--no-progress").exit_code == 0
     res = train_cli("--data", tmp_path / "enc.h5", "--out", tmp_path / "o2", "--json", *QUICK, "--batch-size", "8")
@@ -198,7 +198,7 @@ def test_resume_mid_epoch_continues_at_the_exact_next_batch(tmp_path, monkeypatc
     import numpy as np
 
     from trainfeed.converters.cli import app
-    from trainfeed.training import loop
+    from trainfeed.training.loops import loop
     from tests.conftest import write_volumes
 
     write_volumes(tmp_path / "v", 16, shape=(4, 4, 2, 1))

@@ -14,7 +14,7 @@ import pytest
 
 from trainfeed.converters.errors import TrainfeedError
 from tests.conftest import run_cli, write_volumes
-from trainfeed.training.readers import ReaderOptions, iter_batches, open_store
+from trainfeed.training.reading.readers import ReaderOptions, iter_batches, open_store
 
 SHAPE = (4, 4, 2, 1)
 N = 16
@@ -237,7 +237,7 @@ def test_other_data_at_the_same_path_is_refused(tmp_path, fmt, name):
                                       ("delta", "st.delta"), ("blob", None)])
 def test_fingerprint_follows_content_not_path(tmp_path, monkeypatch, fmt, name):
     """Stores written before store_id existed: the fallback fingerprint."""
-    from trainfeed.training.readers import store_identity
+    from trainfeed.training.reading.readers import store_identity
 
     monkeypatch.chdir(tmp_path)
 

@@ -1,0 +1,94 @@
+"""CPU cost of each stage of an image input pipeline, per sample: read (the store's pieces, as
+the reader reads them), decode+resize (encoded images to the training size; nothing for a store
+of decoded pixels) and augment (random resized crop and horizontal flip of the decoded pixels,
+seeded as in training). Measured with the calling thread's CPU time over the first pieces of
+the store, one stage after the other, so waiting on storage (latency, emulated or real) counts
+in no stage: what is left between these figures and the reader's rate is I/O wait."""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+from PIL import Image
+
+from trainfeed.converters.errors import TrainfeedError
+from trainfeed.training.reading import images
+from trainfeed.training.reading.readers import Store
+
+#: Samples the stages are measured over (whole pieces: at least this many).
+SAMPLES = 64
+STAGES = ("read", "decode", "augment")
+
+
+def stage_costs(store: Store, samples: int = SAMPLES, seed: int = 0) -> dict:
+    """``{"read"|"decode"|"augment": CPU seconds per sample, "samples": n, "stored_bytes_per_sample",
+    "pixel_bytes_per_sample"}`` over the first pieces of ``store`` holding ``samples`` samples."""
+    listing, module = store.extra["listing"], store.module
+    pieces, n, read_s = [], 0, 0.0
+    for piece in store.pieces:
+        t0 = time.thread_time()
+        cols = module.read_piece(listing, piece, {})
+        read_s += time.thread_time() - t0
+        pieces.append((module.piece_file(piece), cols))
+        n += len(cols.ids)
+        if n >= samples:
+            break
+    if not n:
+        raise TrainfeedError(f"{store.path}: the store holds no samples")
+    stored = sum(_nbytes(x) for _, cols in pieces for x in cols.x)
+    augment = images.Augment(seed, 0)
+    decoded, decode_s = [cols for _, cols in pieces], 0.0  # decoded pixels: nothing to decode
+    if store.images is not None:
+        where, first = pieces[0]
+        images.decode_piece(first, store.images, where, None)  # warm-up: first calls pay for lazy set-up
+        t0 = time.thread_time()
+        decoded = [images.decode_piece(cols, store.images, where, None) for where, cols in pieces]
+        decode_s = time.thread_time() - t0
+    augmented(decoded[0].x[0], decoded[0].ids[0], augment)  # warm-up
+    t0 = time.thread_time()
+    for cols in decoded:
+        for sample_id, pixels in zip(cols.ids, cols.x):
+            augmented(pixels, sample_id, augment)
+    augment_s = time.thread_time() - t0
+    pixels = decoded[0].x[0]
+    return {"read": read_s / n, "decode": decode_s / n, "augment": augment_s / n, "samples": n,
+            "stored_bytes_per_sample": stored / n, "pixel_bytes_per_sample": int(np.asarray(pixels).nbytes)}
+
+
+def augmented(pixels: np.ndarray, sample_id: str, augment: images.Augment) -> np.ndarray:
+    """``pixels`` (H, W, C) with the random resized crop and flip training draws for ``sample_id``,
+    at the same size."""
+    height, width, channels = pixels.shape
+    box, flip = augment.draw(sample_id, width, height)
+    img = Image.fromarray(pixels[..., 0] if channels == 1 else pixels)
+    out = np.asarray(img.resize((width, height), Image.Resampling.BILINEAR, box=box)).reshape(pixels.shape)
+    return out[:, ::-1] if flip else out
+
+
+def _nbytes(value) -> int:
+    return len(value) if isinstance(value, (bytes, bytearray, memoryview)) else int(np.asarray(value).nbytes)
+
+
+def image_verdict(cell: dict, device_rate: float, reader_rate: float) -> dict:
+    """An image cell the projection model found read/decode-bound (its reader's CPU delivers
+    ``reader_rate`` samples/s, the device takes ``device_rate``): the stage that costs the most
+    CPU per sample, and what removes it."""
+    st = cell["stages"]
+    per_sample = sum(st[s] for s in STAGES)
+    need = math.ceil(device_rate * per_sample)
+    ms = {s: f"{st[s] * 1e3:.3f} ms" for s in STAGES}
+    costs = f"CPU per sample: read {ms['read']}, decode+resize {ms['decode']}, augment {ms['augment']}"
+    binding = max(STAGES, key=lambda s: st[s])
+    if binding == "augment":
+        return {"bottleneck": "augment", "advice": f"augmentation-bound: {ms['augment']} CPU per image to crop, "
+                f"resize and flip ({costs}); the reader delivers {reader_rate:,.0f} images/s, the device takes "
+                f"{device_rate:,.0f} and needs ~{need} vCPUs at this rate; augment on the GPU or add CPUs"}
+    if binding == "decode":
+        ratio = st["pixel_bytes_per_sample"] / st["stored_bytes_per_sample"]
+        return {"bottleneck": "decode", "advice": f"decode-bound: {ms['decode']} CPU per image to decode and resize "
+                f"({costs}); the reader delivers {reader_rate:,.0f} images/s, the device takes {device_rate:,.0f} "
+                f"and needs ~{need} vCPUs at this rate; store decoded pixels ({ratio:.1f}x the bytes) or add CPUs"}
+    return {"bottleneck": "decode", "advice": f"read-bound: {ms['read']} CPU per image to read and parse its bytes "
+            f"({costs}); the reader delivers {reader_rate:,.0f} images/s, the device takes {device_rate:,.0f} and "
+            f"needs ~{need} vCPUs at this rate; repack into files of ~128 MB (fewer, larger reads) or add CPUs"}

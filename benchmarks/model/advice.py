@@ -1,0 +1,247 @@
+"""Everything storage-bench advises, computed once from the recorded cells: the headline (each
+measured node), the catalog (each instance), the recommendation and, for a scenario, the
+comparison with the published times. All rows come from ``cost.projection_row``; report.py
+only renders them."""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, replace
+
+from trainfeed.benchmarks.model.catalog import DbuRate, Instance
+from trainfeed.benchmarks.model.cost import (GPU_PROFILES, Workload, cpu_device, gpu_device, machine_of_instance, mark_extremes,
+                   project_catalog, projection_row, recommend, store_layout)
+from trainfeed.benchmarks.model.measured import device_of, loader_of, storage_of
+from trainfeed.benchmarks.model.projection import Device, Loader, Machine, feed
+from trainfeed.benchmarks.model.profiles import Accelerator, ObjectStore
+from trainfeed.benchmarks.model.remedies import remedies
+from trainfeed.benchmarks.model.scenario import Scenario
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to read the data: a store read by a loader ("blob" by your loader, "blob" by
+    trainfeed's reader, "delta" by trainfeed's reader, ...)."""
+
+    label: str
+    store: str
+    loader: Loader
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the projections are for: the workload, the storage they read from, the loaders."""
+
+    workload: Workload
+    storage: ObjectStore | None
+    reader: Loader  # how the compacted stores are read (and the small files, by trainfeed)
+    baseline: Loader | None = None  # how the user reads the small files today
+    scenario: Scenario | None = None
+
+
+def plan_for(cells: list[dict], workload: Workload, baseline: Loader | None = None,
+             scenario: Scenario | None = None) -> Plan:
+    """The plan of a report: the scenario's storage and loaders, else the cells' own (the
+    latency profile they were measured through, trainfeed's reader as configured)."""
+    ref = next(c for c in cells if c["kind"] == "cell")
+    if scenario is not None:
+        return Plan(scenario.workload, scenario.storage, scenario.loaders["compacted"], scenario.loaders["blob"],
+                    scenario)
+    return Plan(workload, storage_of(ref), loader_of(ref), baseline)
+
+
+def options(plan: Plan, stores: list[str]) -> list[Option]:
+    """The ways to read the data that every table compares: the small files by your loader (when
+    described) and by the reader, each compacted store by the reader."""
+    out = []
+    for s in stores:
+        if s == "blob" and plan.baseline is not None:
+            out.append(Option(f"blob, {plan.baseline.name}", s, plan.baseline))
+        out.append(Option(s if s != "blob" else f"blob, {plan.reader.name}", s, plan.reader))
+    return out
+
+
+def calibrated(cells: list[dict]) -> dict[str, Accelerator]:
+    """Accelerator profiles measured by `calibrate` that cells ran with, by name: they replace the
+    estimate in every catalog row of that GPU."""
+    found = {}
+    for c in cells:
+        acc = c.get("accelerator")
+        if c["kind"] == "cell" and acc and acc.get("kind") == "calibrated":
+            found[acc["name"]] = Accelerator(**acc)
+    return found
+
+
+def node_machine(cells: list[dict], node: str) -> Machine | None:
+    """A measured node as the model sees it: this machine's vCPUs and the node's device."""
+    mine = [c for c in cells if c["kind"] == "cell" and c["node"] == node]
+    if not mine:
+        return None
+    cores = mine[0]["env"]["cores"]
+    if node == "cpu":
+        device = cpu_device(cells)
+    else:
+        devices = [device_of(c) for c in mine]
+        device = Device(node, 1, statistics.median(d.step_s for d in devices), devices[0].how,
+                        statistics.median(d.host_cpu_s for d in devices))
+    name = (f"cpu: this machine ({cores} vCPUs)" if node == "cpu"
+            else f"{node} ({device.how}) on this machine ({cores} vCPUs)")
+    return Machine(name, cores, device)
+
+
+def build_advice(cells: list[dict], catalog: list[Instance], dbu: dict[str, DbuRate], plan: Plan,
+                 stores: list[str]) -> dict:
+    accelerators = calibrated(cells)
+    opts = [o for o in options(plan, stores) if store_layout(cells, o.store) is not None]
+    batch = next(c for c in cells if c["kind"] == "cell")["batch_size"]
+    accs = _with_efficiency(accelerators, plan.scenario)
+    headline = []
+    if plan.scenario is None:
+        for node in dict.fromkeys(c["node"] for c in cells if c["kind"] == "cell"):
+            machine = node_machine(cells, node)
+            measured = {c["store"] for c in cells if c["kind"] == "cell" and c["node"] == node}
+            if machine is not None:  # a store whose cell on this node failed is not projected onto it
+                headline.append({"node": node, "machine": machine, "rows": [
+                    projection_row(machine, store_layout(cells, o.store), o.loader, plan.storage, batch, plan.workload)
+                    | {"option": o.label} for o in opts if o.store in measured]})
+    else:
+        by_name = {i.name: i for i in catalog}
+        for n in plan.scenario.nodes:
+            inst = by_name.get(n.instance)
+            if inst is None:
+                continue
+            machine = machine_of_instance(inst, cells, accs, n.cpu_speed)
+            if machine is not None:
+                def rows(m: Machine, inst=inst, n=n) -> list[dict]:
+                    return [projection_row(m, store_layout(cells, o.store), o.loader, plan.storage, batch,
+                                           plan.workload, inst, cpu_speed=n.cpu_speed, dbu=dbu.get(inst.cloud))
+                            | {"option": o.label} for o in opts]
+                headline.append({"node": n.name, "instance": inst.name, "machine": machine, "rows": rows(machine),
+                                 "project": rows})
+    for h in headline:
+        mark_extremes(h["rows"])
+    speeds = {n.instance: n.cpu_speed for n in plan.scenario.nodes} if plan.scenario else None
+    projections = {o.label: project_catalog(cells, catalog, o.store, o.loader, plan.storage, plan.workload,
+                                            accelerators=accs, cpu_speeds=speeds, dbu=dbu) for o in opts}
+    for label, rows in projections.items():
+        for r in rows:
+            r["option"] = label
+    by_store = {o.store: projections[o.label] for o in opts if o.loader == plan.reader}
+    encoded = [s for s in stores if any(c["kind"] == "cell" and c["store"] == s and c.get("image_storage") == "encoded"
+                                        for c in cells)]
+    decoded = next((s for s in stores if s.endswith("-decoded")), None)
+    fixes = {s: remedies(cells, catalog, s, s.replace("-encoded", "-decoded") if s.endswith("-encoded") else decoded,
+                         plan.reader, plan.storage, plan.workload, by_store, accelerators=accs, dbu=dbu)
+             for s in encoded}
+    return {"plan": plan, "options": opts, "headline": headline, "projections": projections,
+            "feeds": feeds(cells, catalog, plan, opts, headline, accs),
+            "remedies": {s: r for s, r in fixes.items() if r},
+            "recommendation": recommend(projections),
+            "gains": [gains(h, plan) for h in headline],
+            "reference": reference(headline, plan) if plan.scenario else None}
+
+
+def feeds(cells: list[dict], catalog: list[Instance], plan: Plan, opts: list[Option], headline: list[dict],
+          accelerators: dict[str, Accelerator]) -> list[dict]:
+    """Per GPU (the headline's, then each GPU of the catalog that has a profile): what feeding one
+    of it at its own rate from the plan's storage takes with each option: GB/s, and the vCPUs
+    busy for it (the storage client's I/O, decode, the framework)."""
+    if not opts:
+        return []
+    ref = next(c for c in cells if c["kind"] == "cell")
+    devices: dict[str, Device] = {}
+    for h in headline:
+        if h["machine"].device.is_gpu:
+            devices.setdefault(h["machine"].device.name, h["machine"].device)
+    models = dict.fromkeys(i.gpu_model for i in catalog if i.gpus and i.gpu_model in GPU_PROFILES)
+    for gpu in sorted((gpu_device(m, 1, ref, accelerators) for m in models), key=lambda d: -d.step_s):
+        devices.setdefault(gpu.name, gpu)  # the catalog's GPUs, slowest first
+    layouts = {o.store: store_layout(cells, o.store) for o in opts}
+    return [{"device": d, "feeds": {o.label: feed(d, layouts[o.store], o.loader, plan.storage, ref["batch_size"])
+                                    for o in opts}} for d in devices.values()]
+
+
+def _with_efficiency(accelerators: dict[str, Accelerator], scenario: Scenario | None) -> dict[str, Accelerator]:
+    """The scenario's accelerator efficiency, where it sets one, on every estimated profile."""
+    if scenario is None or scenario.efficiency is None:
+        return accelerators
+    from trainfeed.benchmarks.model.profiles import ACCELERATORS
+
+    out = {k: replace(v, efficiency=scenario.efficiency) for k, v in ACCELERATORS.items()}
+    return out | accelerators
+
+
+def gains(head: dict, plan: Plan) -> dict | None:
+    """On one node: what repacking gains over the user's loader, and what better loading alone
+    (trainfeed's reader on the same small files) would gain."""
+    blob = [r for r in head["rows"] if r["store"] == "blob"]
+    compacted = [r for r in head["rows"] if r["store"] != "blob"]
+    if not blob or not compacted:
+        return None
+    today = next((r for r in blob if plan.baseline and r["loader"] == plan.baseline.name), blob[0])
+    better = next((r for r in blob if r["loader"] == plan.reader.name), None)
+    best = min(compacted, key=lambda r: r["seconds"])
+    return {"node": head["node"], "today": today["option"], "today_s": today["seconds"],
+            "repacked": best["option"], "repacked_s": best["seconds"], "repack_gain": today["seconds"] / best["seconds"],
+            "better_loading": better["option"] if better and better is not today else None,
+            "better_loading_gain": today["seconds"] / better["seconds"] if better and better is not today else None}
+
+
+def reference(headline: list[dict], plan: Plan) -> dict:
+    """The scenario's published times beside the projections, each with its deviation, and the
+    speed-ups (blob time / compacted time) on each node, published and projected."""
+    sc = plan.scenario
+    rows = []
+    for ref in sc.references:
+        head = next((h for h in headline if h["node"] == ref.node), None)
+        row = next((r for r in head["rows"] if r["store"] == ref.store
+                    and r["loader"] == sc.loader_for(ref.store).name), None) if head else None
+        projected = row["seconds"] if row else None
+        hourly = row["usd_per_hour"] if row else None
+        rows.append({"node": ref.node, "store": ref.store, "projected_s": projected, "reference_s": ref.seconds,
+                     "deviation": projected / ref.seconds - 1 if projected else None, "source": ref.source,
+                     "bottleneck": row["bottleneck"] if row else None, "usd_per_hour": hourly,
+                     "projected_usd": row["usd_per_job"] if row else None,
+                     "reference_usd": hourly * ref.seconds / 3600 if hourly else None})
+    speedups, cross = [], []
+    for node in dict.fromkeys(r["node"] for r in rows):
+        check = cross_check(next(h for h in headline if h["node"] == node), [r for r in rows if r["node"] == node], sc)
+        if check:
+            cross.append(check)
+        mine = {r["store"]: r for r in rows if r["node"] == node}
+        blob, compacted = mine.get("blob"), next((r for s, r in mine.items() if s != "blob"), None)
+        if blob and compacted and blob["projected_s"] and compacted["projected_s"]:
+            published = blob["reference_s"] / compacted["reference_s"]
+            projected = blob["projected_s"] / compacted["projected_s"]
+            speedups.append({"node": node, "published": published, "projected": projected,
+                             "deviation": projected / published - 1})
+    return {"rows": rows, "speedups": speedups, "cross_checks": cross, "sources": sc.sources,
+            "within_25pct": all(r["deviation"] is not None and abs(r["deviation"]) <= 0.25 for r in rows)
+            and all(abs(s["deviation"]) <= 0.25 for s in speedups)}
+
+
+def cross_check(head: dict, rows: list[dict], sc: Scenario) -> dict | None:
+    """Which knob would have to move, and whether the rest of the model holds if it did: when a
+    node's compacted run is compute-bound, its published time implies the device's speed (the
+    one knob no source here gives); the small files' time is then projected again with that
+    device and compared with its own published time, which it was not derived from."""
+    blob = next((r for r in rows if r["store"] == "blob"), None)
+    comp = next((r for r in rows if r["store"] != "blob"), None)
+    if not blob or not comp or not comp["projected_s"] or comp["bottleneck"] != "compute":
+        return None
+    slower = comp["reference_s"] / comp["projected_s"]
+    machine: Machine = head["machine"]
+    implied = replace(machine, device=replace(machine.device, step_s=machine.device.step_s * slower))
+    again = next(r for r in head["project"](implied)
+                 if r["store"] == "blob" and r["loader"] == sc.loader_for("blob").name)
+    return {"node": head["node"], "device": machine.device.name, "device_how": machine.device.how,
+            "step_s": machine.device.step_s, "implied_step_s": implied.device.step_s, "slower": slower,
+            "blob_projected_s": again["seconds"], "blob_reference_s": blob["reference_s"],
+            "blob_deviation": again["seconds"] / blob["reference_s"] - 1}
+
+
+def significant(value: float, digits: int = 2) -> float:
+    """``value`` rounded to ``digits`` significant figures."""
+    if value == 0 or not math.isfinite(value):
+        return value
+    return round(value, digits - 1 - int(math.floor(math.log10(abs(value)))))

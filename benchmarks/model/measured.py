@@ -1,0 +1,59 @@
+"""The projection model's inputs, read from recorded cells (results.jsonl): what a store costs
+per sample, what computes a step, the loader and the storage a cell ran with."""
+from __future__ import annotations
+
+from trainfeed.converters.storage.fetch import PART_SIZE
+
+from trainfeed.benchmarks.model.projection import Device, Layout, Loader, Machine
+from trainfeed.benchmarks.model.profiles import ObjectStore, load_object_store
+
+
+def layout_of(cell: dict) -> Layout:
+    """Per-sample read cost of the cell's store: host CPU-seconds from the ingest-only pass's
+    process CPU time; bytes and bytes per request from the storage's request counters over the
+    same pass when the emulation counted them, else from the layout (one request per small
+    file, 8 MB parts)."""
+    ingest = cell["ingest_only"]
+    requests = ingest.get("requests") or {}
+    samples = ingest.get("samples") or 0
+    if requests.get("gets") and samples:
+        nbytes = requests["bytes"] / samples
+        request_bytes = requests["bytes"] / requests["gets"]
+        how = "measured"
+    else:
+        nbytes = float(cell["sample_bytes"])
+        request_bytes = nbytes if cell["store"] == "blob" else float(PART_SIZE)
+        how = "bytes from the sample size (no request counters)"
+    return Layout(cell["store"], ingest.get("cpu_s_per_sample") or 0.0, nbytes, max(1.0, request_bytes), how)
+
+
+def device_of(cell: dict) -> Device:
+    """What computed the cell's step: an emulated or real GPU (seconds per step; a real one's
+    host CPU per step from compute-only's process CPU time), or this machine's CPU (CPU-seconds
+    per step)."""
+    co = cell["compute_only"]
+    if cell["node"] == "cpu":
+        return Device("cpu", 0, co.get("cpu_s_per_step") or co["step_s"] * cell["env"]["cores"], co["how"])
+    host = co.get("cpu_s_per_step") if cell.get("node_kind") == "real" else None
+    return Device(cell["node"], 1, co["step_s"], co["how"], host or 0.0)
+
+
+def loader_of(cell: dict) -> Loader:
+    """trainfeed's reader as the cell ran it."""
+    conn = cell["connections"]
+    return Loader("trainfeed", conn["io_concurrency"] or conn["reader_workers"], conn["reader_workers"], True,
+                  cell["framework"])
+
+
+def storage_of(cell: dict) -> ObjectStore | None:
+    """The latency profile every read of the cell went through; None when it read storage as it
+    is (local disk, or a real endpoint whose latency is whatever it was)."""
+    st = cell["storage"]
+    if st.get("profile_figures"):
+        return ObjectStore(**st["profile_figures"])
+    return load_object_store(st["profile"]) if st.get("profile") else None
+
+
+def machine_of(cell: dict) -> Machine:
+    """The machine the cell ran on: this machine's vCPUs and the cell's device."""
+    return Machine("this machine", cell["env"]["cores"], device_of(cell))

@@ -1,0 +1,92 @@
+"""What to do when the host's CPU cannot feed the GPUs (the preprocessing bottleneck: decode, or
+the storage client's I/O CPU): how many vCPUs an instance needs for this pipeline (I/O, decode
+and the framework, ``model.feed``), and three remedies projected with the same model, time and
+cost — a larger CPU:GPU instance, storing decoded pixels, and offloading reading and
+preprocessing to separate CPU workers (tf.data service)."""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from trainfeed.benchmarks.model.catalog import DbuRate, Instance, hourly_cost
+from trainfeed.benchmarks.model.cost import Workload, machine_of_instance, projection_row, store_layout
+from trainfeed.benchmarks.model.projection import COMPUTE, DECODE, IO_CPU, Feed, Loader, Machine, feed
+from trainfeed.benchmarks.model.profiles import Accelerator, ObjectStore
+
+#: CPU per sample of the offload workers' decode relative to the reader's: tf.data service
+#: workers decode with TensorFlow's ops, 373 samples per CPU-second against Pillow's reduced-scale
+#: 1,004 for 360x480 JPEGs at 64x64 (`make bench-decode`, docs/BENCHMARKS.md).
+OFFLOAD_CPU_FACTOR = 1004 / 373
+#: GPU rows the report shows remedies for: the cheapest host-CPU-bound ones.
+SHOWN = 5
+#: The bottlenecks the remedies are for: the host's vCPUs cannot keep the GPUs busy.
+HOST_CPU_BOUND = (DECODE, IO_CPU)
+
+
+def remedies(cells: list[dict], catalog: list[Instance], store: str, decoded: str | None, loader: Loader,
+             storage: ObjectStore | None, workload: Workload, projections: dict[str, list[dict]], *,
+             accelerators: dict[str, Accelerator] | None = None, dbu: dict[str, DbuRate] | None = None) -> list[dict]:
+    """For the cheapest GPU instances on which ``store`` (encoded images) is bound by the host's
+    CPU (decode or I/O CPU): the vCPUs they need, and each remedy's row (None where the catalog
+    has no candidate)."""
+    layout = store_layout(cells, store)
+    rows = [r for r in projections.get(store, []) if r["gpus"] and r["bottleneck"] in HOST_CPU_BOUND]
+    if layout is None or not rows:
+        return []
+    by_name = {i.name: i for i in catalog}
+    batch = next(c for c in cells if c["kind"] == "cell")["batch_size"]
+    dbu = dbu or {}
+
+    def row(machine: Machine, inst: Instance, lay=layout, threads: int | None = None) -> dict:
+        return projection_row(machine, lay, replace(loader, threads=threads or loader.threads), storage, batch,
+                              workload, inst, dbu=dbu.get(inst.cloud))
+
+    out = []
+    for today in sorted(rows, key=lambda r: (r["usd_per_job"] is None, r["usd_per_job"] or 0))[:SHOWN]:
+        inst = by_name[today["machine"]]
+        needs = feed(machine_of_instance(inst, cells, accelerators).device, layout, loader, storage, batch,
+                     today["limits"][COMPUTE])  # every GPU of the instance at its own rate
+        need = needs.vcpus
+        bigger = _bigger(inst, need, catalog)
+        bigger_row = None
+        if bigger is not None:  # with enough reader threads: the instance's vCPUs, or what the pipeline needs
+            threads = min(bigger.vcpus, max(need, loader.threads))
+            bigger_row = row(machine_of_instance(bigger, cells, accelerators), bigger, threads=threads)
+            bigger_row["workers"] = threads
+        decoded_row = next((r for r in projections.get(decoded, []) if r["machine"] == inst.name), None) if decoded else None
+        out.append({"today": today, "vcpus_needed": need, "bigger": bigger_row, "decoded": decoded_row,
+                    "offload": _offload(inst, needs, layout, cells, catalog, accelerators, row)})
+    return out
+
+
+def _bigger(inst: Instance, need: int, catalog: list[Instance]) -> Instance | None:
+    """The cheapest instance of the same cloud with the same GPUs and at least ``need`` vCPUs
+    (the instance itself when it has them: then more reader threads are the remedy)."""
+    fits = [i for i in catalog if i.cloud == inst.cloud and i.gpu_model == inst.gpu_model and i.gpus == inst.gpus
+            and i.vcpus >= need and i.on_demand is not None]
+    return min(fits, key=lambda i: i.on_demand, default=None)
+
+
+def _offload(inst: Instance, needs: Feed, layout, cells, catalog, accelerators, row) -> dict | None:
+    """The GPU instance plus k CPU instances of the same cloud (the cheapest fleet with the vCPUs
+    needed) running tf.data service workers: their vCPUs read (the storage client's I/O CPU)
+    and decode, at TensorFlow's CPU cost per sample."""
+    workers = [i for i in catalog if i.cloud == inst.cloud and not i.gpus and i.on_demand is not None]
+    if not workers:
+        return None
+    offload_need = math.ceil(round(needs.decode * OFFLOAD_CPU_FACTOR + needs.io, 6))
+    # the cheapest fleet that has the vCPUs: k of one CPU instance type
+    count, worker = min(((max(1, math.ceil(offload_need / w.vcpus)), w) for w in workers),
+                        key=lambda kw: (kw[0] * kw[1].on_demand, kw[0] * kw[1].vcpus))
+    vcpus = count * worker.vcpus
+    gpu_machine = machine_of_instance(inst, cells, accelerators)
+    machine = replace(gpu_machine, name=f"{inst.name} + {count} x {worker.name}", vcpus=vcpus)
+    heavier = replace(layout, cpu_s_per_sample=layout.cpu_s_per_sample * OFFLOAD_CPU_FACTOR)
+    projected = row(machine, inst, heavier, threads=vcpus)
+    if projected["usd_per_hour"] is not None:
+        projected["usd_per_hour"] += hourly_cost(worker) * count
+        projected["usd_per_job"] = projected["usd_per_hour"] * projected["seconds"] / 3600
+        projected["usd_per_1k_samples"] = projected["usd_per_job"] / projected["seconds"] / projected["samples_per_s"] * 1000
+    projected.update(spot_usd_per_hour=None, spot_usd_per_job=None, workers=count, worker=worker.name,
+                     worker_vcpus=vcpus)
+    return projected

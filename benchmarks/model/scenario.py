@@ -1,0 +1,197 @@
+"""Scenario files (TOML): a workload, the model, the storage, the loaders and the nodes to
+project onto, fixed in one file with the source of every knob written next to it, plus the
+published times to compare with. ``storage-bench run --scenario FILE`` measures what the
+scenario asks for here and projects it onto the scenario's nodes with the same model as
+every other table (cost.projection_row)."""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainfeed.converters.errors import TrainfeedError
+
+from trainfeed.benchmarks.model.cost import Workload
+from trainfeed.benchmarks.ab.matrix import MatrixConfig
+from trainfeed.benchmarks.model.projection import Loader
+from trainfeed.benchmarks.model.profiles import ObjectStore, save_object_store
+
+#: Where `storage-bench run --scenario` keeps a copy of the scenario, for `storage-bench report`.
+SCENARIO_COPY = "scenario.toml"
+
+
+@dataclass(frozen=True)
+class ScenarioNode:
+    name: str  # as the report names it ("T4 node")
+    instance: str  # a catalog row's instance name
+    measure: str  # the matrix node that measures it here: cpu, or an accelerator profile (t4, ...)
+    cpu_speed: float = 1.0  # the instance's per-vCPU speed relative to this machine
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Reference:
+    node: str
+    store: str
+    seconds: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    path: Path
+    workload: Workload
+    batch_size: int
+    sample_shape: tuple[int, ...]
+    width: int
+    framework: str
+    data_count: int  # samples generated here to measure with
+    stores: tuple[str, ...]
+    steps: int
+    cpu_steps: int
+    storage: ObjectStore
+    loaders: dict[str, Loader]  # "blob" (the small files) and "compacted"
+    nodes: tuple[ScenarioNode, ...]
+    references: tuple[Reference, ...] = ()
+    efficiency: float | None = None  # accelerators' fraction of peak, when the scenario sets one
+    sources: dict[str, str] = field(default_factory=dict)  # knob -> where its value comes from
+
+    def loader_for(self, store: str) -> Loader:
+        return self.loaders["blob" if store == "blob" else "compacted"]
+
+    def node(self, name: str) -> ScenarioNode:
+        return next(n for n in self.nodes if n.name == name)
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Parse and check a scenario file; every problem names the file and the key."""
+    path = Path(path)
+    try:
+        doc = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise TrainfeedError(f"{path}: scenario file not found") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise TrainfeedError(f"{path}: not a valid TOML scenario: {exc}") from None
+    get = _Getter(path, doc)
+    sources = {}
+    workload = Workload(get.int("workload.samples_per_epoch"), get.int("workload.epochs"))
+    sources["workload"] = get.str("workload.source")
+    storage = ObjectStore(get.str("storage.name"), get.float("storage.first_byte_ms", zero_ok=True),
+                          get.float("storage.stream_mb_per_s"), get.int("storage.max_concurrency"),
+                          get.str("storage.source"), kind="scenario")
+    sources["storage"] = storage.source
+    loaders = {}
+    for key in ("blob", "compacted"):
+        p = f"loaders.{key}"
+        loaders[key] = Loader(get.str(f"{p}.name"), get.int(f"{p}.concurrency"), get.int(f"{p}.threads"),
+                              get.bool(f"{p}.prefetch"), get.str(f"{p}.framework"), get.str(f"{p}.source"))
+        sources[f"loader {key}"] = loaders[key].source
+    nodes = []
+    for i, _ in enumerate(get.list("nodes")):
+        p = f"nodes.{i}"
+        nodes.append(ScenarioNode(get.str(f"{p}.name"), get.str(f"{p}.instance"), get.str(f"{p}.measure"),
+                                  get.float(f"{p}.cpu_speed", default=1.0), get.str(f"{p}.source")))
+        sources[f"node {nodes[-1].name}"] = nodes[-1].source
+    names = {n.name for n in nodes}
+    refs = []
+    for i, _ in enumerate(get.list("reference", required=False)):
+        p = f"reference.{i}"
+        ref = Reference(get.str(f"{p}.node"), get.str(f"{p}.store"), get.float(f"{p}.seconds"), get.str(f"{p}.source"))
+        if ref.node not in names:
+            raise TrainfeedError(f"{path}: {p}.node {ref.node!r} is not one of the scenario's nodes ({', '.join(names)})")
+        refs.append(ref)
+    efficiency = get.float("model.efficiency", default=None)
+    if efficiency is not None:
+        sources["accelerator efficiency"] = get.str("model.efficiency_source")
+    sources["model"] = get.str("model.source")
+    stores = tuple(get.list("measure.stores"))
+    return Scenario(get.str("name"), path, workload, get.int("workload.batch_size"),
+                    tuple(get.list("model.sample_shape")), get.int("model.width"), get.str("model.framework"),
+                    get.int("measure.samples"), stores, get.int("measure.steps"), get.int("measure.cpu_steps"),
+                    storage, loaders, tuple(nodes), tuple(refs), efficiency, sources)
+
+
+class _Getter:
+    """Typed lookups of dotted keys ("nodes.0.name") with errors that name the file and key."""
+
+    _MISSING = object()
+
+    def __init__(self, path: Path, doc: dict):
+        self.path, self.doc = path, doc
+
+    def _get(self, key: str, default=_MISSING):
+        node = self.doc
+        for part in key.split("."):
+            if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            elif isinstance(node, dict) and part in node:
+                node = node[part]
+            elif default is not self._MISSING:
+                return default
+            else:
+                raise TrainfeedError(f"{self.path}: missing key {key!r}")
+        return node
+
+    def _typed(self, key: str, kinds, what: str, default=_MISSING):
+        value = self._get(key, default)
+        if value is default and default is not self._MISSING:
+            return value
+        if not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds:
+            raise TrainfeedError(f"{self.path}: {key} must be {what}, got {value!r}")
+        return value
+
+    def str(self, key: str) -> str:
+        return self._typed(key, (str,), "a string")
+
+    def bool(self, key: str) -> bool:
+        return self._typed(key, (bool,), "true or false")
+
+    def int(self, key: str) -> int:
+        value = self._typed(key, (int,), "a whole number")
+        if value < 1:
+            raise TrainfeedError(f"{self.path}: {key} must be at least 1, got {value}")
+        return value
+
+    def float(self, key: str, *, zero_ok: bool = False, default=_MISSING) -> float | None:
+        value = self._typed(key, (int, float), "a number", default)
+        if value is None:
+            return None
+        if value < 0 or value == 0 and not zero_ok:
+            raise TrainfeedError(f"{self.path}: {key} must be {'at least 0' if zero_ok else 'above 0'}, got {value}")
+        return float(value)
+
+    def list(self, key: str, required: bool = True) -> list:
+        value = self._get(key, self._MISSING if required else [])
+        if not isinstance(value, list) or required and not value:
+            raise TrainfeedError(f"{self.path}: {key} must be a non-empty list")
+        return value
+
+
+def prepare(scenario: Scenario, out: Path, src: str | None, log, storage_backend: str = "local",
+            storage_options: dict | None = None) -> MatrixConfig:
+    """The matrix a scenario measures: its stores on its nodes' devices, staged on
+    ``storage_backend`` with the scenario's storage latency emulated around every read, on SRC
+    or (without one) a dataset of the scenario's shape generated into OUT/data. The scenario
+    file is copied into OUT (the report reads it)."""
+    from trainfeed.benchmarks.synth import generate_volumes
+
+    out.mkdir(parents=True, exist_ok=True)
+    if src is None:
+        data = out / "data"
+        if not (data / "labels.csv").is_file():
+            if data.exists():
+                raise TrainfeedError(f"{data}: exists but holds no generated dataset (labels.csv); remove it")
+            log(f"scenario: generating {scenario.data_count} samples of "
+                f"{'x'.join(map(str, scenario.sample_shape))} into {data}")
+            generate_volumes(data, scenario.data_count, shape=scenario.sample_shape, seed=0, labels="csv")
+        src = str(data)
+    profile = out / "storage-profile.json"
+    save_object_store(scenario.storage, profile)
+    (out / SCENARIO_COPY).write_text(scenario.path.read_text())
+    labels = Path(src) / "labels.csv"
+    return MatrixConfig(src=src, out=str(out), labels_csv=str(labels) if labels.is_file() else None,
+                        stores=scenario.stores, nodes=tuple(dict.fromkeys(n.measure for n in scenario.nodes)),
+                        frameworks=(scenario.framework,), steps=scenario.steps, cpu_steps=scenario.cpu_steps,
+                        batch_size=scenario.batch_size, width=scenario.width, storage_profile=str(profile),
+                        storage_backend=storage_backend, storage_options=dict(storage_options or {}))

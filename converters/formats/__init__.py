@@ -1,0 +1,2 @@
+"""Store formats: one module per format (Parquet, Delta Lake, HDF5, small files read in place, tables
+other tools wrote), each with its reader and writer side by side; ``registry`` names them."""

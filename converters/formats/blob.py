@@ -1,0 +1,63 @@
+"""The small-file layout (a folder of .npy, .npz, JPEG or PNG files, local or any fsspec URL)
+read in place, without converting it: the baseline every store is compared with. Read-only:
+``convert`` takes this layout as its source. One piece per file."""
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.sources.labels import resolve_labels
+from trainfeed.converters.formats.layout import DatasetSchema
+from trainfeed.converters.formats.options import Columns, Pieces, ReadRequest, pick_field
+from trainfeed.converters.sources.samples import SchemaGuard, load_sample
+from trainfeed.converters.storage.location import locate
+from trainfeed.converters.storage.fetch import CachingFileSystem, open_fetcher
+from trainfeed.converters.sources.files import IMAGE, ImageOptions, SourceFile, is_local, list_source, read_bytes
+
+name = "blob"
+label = "small files"
+writable = False
+UNIT = "files"
+COMPRESSIONS: tuple[str, ...] = ()
+
+
+def list_pieces(path, req: ReadRequest) -> Pieces:
+    """Every sample file, sorted by id; the schema from the first file, labels as convert takes them."""
+    fs, listing = list_source(str(path), req.storage_options)
+    if not is_local(fs):  # reads share the connection budget (and the disk cache, if any)
+        fs = CachingFileSystem(open_fetcher(locate(str(path), req.storage_options), req.io_concurrency,
+                                            req.cache_dir, req.cache_limit,
+                                            {f.path: f.identity for f in listing.files if f.identity}))
+    labels = resolve_labels(listing.files, labels_csv=req.labels_csv, storage_options=req.storage_options)
+    if labels.missing:
+        raise TrainfeedError(f"{path}: {len(labels.missing)} files have no label in {req.labels_csv}, "
+                             f"e.g. {labels.missing[0]!r}")
+    guard = SchemaGuard(listing.kind, ImageOptions())
+    guard.check(listing.files[0].path, load_sample(fs, listing.kind, listing.files[0], labels, ImageOptions()))
+    schema = DatasetSchema(fields=guard.specs, labeled=labels.by_id is not None, label_map=labels.label_map,
+                           source=str(path), samples=len(listing.files))
+    return Pieces(schema, pick_field(schema, req.field_name, path), list(listing.files), [1] * len(listing.files),
+                  [], extra={"fs": fs, "kind": listing.kind, "labels": labels})
+
+
+def piece_file(piece: SourceFile) -> str:
+    return piece.path
+
+
+def read_piece(listing: Pieces, piece: SourceFile, handles: dict, empty=np.empty) -> Columns:
+    """One file. An image is its bytes, not decoded here: the reader decodes it once (training/reading/images.py)."""
+    fs, kind, labels = listing.extra["fs"], listing.extra["kind"], listing.extra["labels"]
+    if kind == IMAGE:
+        x, label = np.empty(1, object), labels.get(piece.id)
+        x[0] = read_bytes(fs, piece)
+    else:
+        sample = load_sample(fs, kind, piece, labels, ImageOptions())
+        x, label = np.asarray(sample.fields[listing.spec.name])[None], sample.label
+    return Columns([piece.id], np.array([-1 if label is None else label], np.int64), x)
+
+
+def read_labels(listing: Pieces) -> Iterator[np.ndarray]:
+    labels = listing.extra["labels"]
+    yield np.array([-1 if labels.get(f.id) is None else labels.get(f.id) for f in listing.pieces], np.int64)

@@ -1,0 +1,460 @@
+"""HDF5 store: one file (DST ends in .h5 / .hdf5) or a folder of ``shard-NNNNN.h5`` files of
+about the target size plus ``_trainfeed.json``.
+
+Each file holds ``/id`` (UTF-8 strings), ``/label`` (int64; absent when unlabeled) and one
+dataset per tensor field shaped ``(n, *shape)`` in its own dtype, chunked along the sample
+axis; encoded images are variable-length uint8. The root attributes ``trainfeed`` (the
+dataset schema as JSON) and ``writer`` mark a file as written by trainfeed.
+"""
+from __future__ import annotations
+
+import functools
+import io
+import json
+import signal
+import threading
+from contextlib import suppress
+from pathlib import Path
+from typing import Callable, Iterator, TypeVar
+
+import h5py
+import numpy as np
+
+from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.formats.layout import DATASET_META, ID, LABEL, DatasetSchema, FieldSpec, checked_schema
+from trainfeed.converters.formats.options import Columns, Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows, pick_field
+from trainfeed.converters.storage.location import Location, as_location
+from trainfeed.converters.formats.parquet import WRITER, read_manifest, write_manifest
+from trainfeed.converters.storage.fetch import Fetcher, RangeFile, open_fetcher
+from trainfeed.converters.sources.files import Sample
+
+FORMAT = name = "hdf5"
+label = "HDF5"
+writable = True
+UNIT = "chunk slices"
+COMPRESSIONS = ("none", "lzf", "gzip")
+DEFAULT_COMPRESSION = "none"
+COMPRESSION_LEVELS = {"gzip": (0, 9)}  # HDF5's gzip filter
+#: Fewest samples one piece (a run of whole chunks) holds.
+MIN_PIECE_ROWS = 64
+SUFFIXES = (".h5", ".hdf5")
+SHARD = "shard-{:05d}.h5"
+
+
+def is_single_file(path) -> bool:
+    return Path(path).suffix.lower() in SUFFIXES
+
+
+def _compression(opts: WriteOptions) -> dict:
+    if opts.compression == "none":
+        return {}
+    if opts.compression == "gzip":
+        return {"compression": "gzip", "compression_opts": 4 if opts.compression_level is None else opts.compression_level}
+    return {"compression": opts.compression}
+
+
+class _Sink(io.RawIOBase):
+    """The OS file under an h5py.File (h5py's file-object driver). A failed write (a full
+    disk) is not raised inside HDF5, which cannot recover from it (the interpreter then
+    crashes at exit): it is kept in ``error``, later writes are dropped so that the file
+    can still be closed, and ``check()`` raises it. The file is only ever a staging copy,
+    deleted after a failure."""
+
+    def __init__(self, path: Path):
+        self.file = open(path, "w+b", buffering=0)  # noqa: SIM115 - closed by close()
+        self.error: OSError | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self.file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.file.tell()
+
+    def readinto(self, buffer) -> int:
+        return self.file.readinto(buffer)
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        size = view.nbytes
+        try:
+            while self.error is None and view.nbytes:  # a write to a nearly full disk may be partial
+                view = view[self.file.write(view):]
+        except OSError as exc:
+            self.error = exc
+        return size
+
+    def truncate(self, size: int | None = None) -> int:
+        if self.error is None:
+            try:
+                return self.file.truncate(size)
+            except OSError as exc:
+                self.error = exc
+        return self.tell() if size is None else size
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        self.file.close()
+        super().close()
+
+
+F = TypeVar("F", bound=Callable)
+
+
+def _ctrl_c_after(fn: F) -> F:
+    """Run ``fn`` with Ctrl-C held back until it returns. Through the file-object driver HDF5
+    calls Python (``_Sink``); a KeyboardInterrupt raised there leaves HDF5 in a state that
+    crashes the interpreter."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            return fn(*args, **kwargs)  # signals are only handled in the main thread
+        caught: list[int] = []
+        previous = signal.signal(signal.SIGINT, lambda signum, _frame: caught.append(signum))
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            if caught:
+                signal.raise_signal(signal.SIGINT)  # now, with the usual handler
+
+    return wrapper  # type: ignore[return-value]
+
+
+class _File:
+    """One HDF5 file being filled; datasets grow along axis 0 as batches arrive."""
+
+    def __init__(self, path: Path, schema: DatasetSchema):
+        self.path, self.schema = path, schema
+        self.rows = 0
+        self.sink: _Sink | None = None
+        self.h5: h5py.File | None = None
+
+    @_ctrl_c_after
+    def open(self, opts: WriteOptions) -> None:
+        self.sink = _Sink(self.path)
+        self.h5 = h5py.File(self.sink, "w")
+        self.h5.create_dataset(ID, shape=(0,), maxshape=(None,), dtype=h5py.string_dtype("utf-8"), chunks=(4096,))
+        if self.schema.labeled:
+            self.h5.create_dataset(LABEL, shape=(0,), maxshape=(None,), dtype="int64", chunks=(4096,))
+        for spec in self.schema.fields:
+            self._create(spec, opts)
+
+    def _create(self, spec: FieldSpec, opts: WriteOptions) -> None:
+        if not spec.is_raw:
+            self.h5.create_dataset(spec.name, shape=(0,), maxshape=(None,), dtype=h5py.vlen_dtype(np.uint8),
+                                   chunks=(64,), **_compression(opts))
+            self.h5[spec.name].attrs["encoding"] = spec.encoding
+            return
+        per_chunk = max(1, opts.hdf5_chunk_size // max(1, spec.sample_nbytes))
+        self.h5.create_dataset(spec.name, shape=(0, *spec.shape), maxshape=(None, *spec.shape), dtype=spec.dtype,
+                               chunks=(per_chunk, *spec.shape), **_compression(opts))
+
+    @_ctrl_c_after
+    def append(self, batch: list[Sample]) -> None:
+        n0, n1 = self.rows, self.rows + len(batch)
+        columns: dict[str, object] = {ID: np.array([s.id for s in batch], dtype=object)}
+        if self.schema.labeled:
+            columns[LABEL] = np.array([s.label for s in batch], dtype=np.int64)
+        for spec in self.schema.fields:
+            vals = [s.fields[spec.name] for s in batch]
+            if spec.is_raw:
+                columns[spec.name] = np.stack(vals)
+            else:
+                col = np.empty(len(vals), dtype=object)
+                col[:] = [np.frombuffer(v, dtype=np.uint8) for v in vals]
+                columns[spec.name] = col
+        for name, values in columns.items():
+            ds = self.h5[name]
+            ds.resize(n1, axis=0)
+            if h5py.check_vlen_dtype(ds.dtype) == np.uint8:
+                # encoded images: h5py's slice assignment takes byte strings of one length
+                # for a 2-D array and refuses them; write_direct keeps them one per sample
+                ds.write_direct(values, dest_sel=np.s_[n0:n1])
+            else:
+                ds[n0:n1] = values
+        self.sink.check()
+        self.rows = n1
+
+    @_ctrl_c_after
+    def close(self, schema: DatasetSchema | None) -> None:
+        """Close the file; with ``schema``, first mark it complete (written by trainfeed)."""
+        try:
+            if schema is not None:
+                self.h5.attrs[DATASET_META] = schema.to_json()
+                self.h5.attrs["writer"] = WRITER
+        finally:
+            for handle in (self.h5, self.sink):
+                if handle is not None:
+                    handle.close()
+        if self.sink is not None:
+            self.sink.check()
+
+
+def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
+          on_part: Callable[[str], None] | None = None, *, single_file: bool | None = None) -> WriteResult:
+    """Write every batch; as a single file, or as shards that roll over at the target size.
+    ``on_part(name)``: called for each shard once complete (at the end: every shard records
+    the final sample count)."""
+    path = Path(path)
+    single = is_single_file(path) if single_file is None else single_file
+    if not single:
+        path.mkdir(parents=True)
+    shards: list[dict] = []
+    files: list[_File] = []
+    current: _File | None = None
+    bytes_in_shard = 0
+    try:
+        for batch in batches:
+            if current is None:
+                target = path if single else path / SHARD.format(len(shards))
+                current = _File(target, schema)
+                files.append(current)  # closed whatever happens next
+                current.open(opts)
+                shards.append({"file": target.name, "rows": 0})
+                bytes_in_shard = 0
+            current.append(batch)
+            shards[-1]["rows"] = current.rows
+            bytes_in_shard += sum(s.nbytes for s in batch)
+            if not single and bytes_in_shard >= opts.target_file_size:
+                current = None
+        schema.samples = sum(s["rows"] for s in shards)
+    except BaseException:
+        with suppress(Exception):  # the first error is the one to report
+            _close_all(files, None)  # an incomplete file gets no trainfeed mark
+        raise
+    _close_all(files, schema)
+    out = [str(path)] if single else [str(path / s["file"]) for s in shards]
+    result = WriteResult(out, sum(Path(f).stat().st_size for f in out), {"shards": len(out)})
+    if not single:
+        write_manifest(path, FORMAT, schema, shards)
+        for shard in shards if on_part else ():
+            on_part(shard["file"])
+    return result
+
+
+def _close_all(files: list[_File], schema: DatasetSchema | None) -> None:
+    """Close every file even when one fails (an HDF5 file left open crashes the interpreter
+    at exit); then raise the first error."""
+    error = None
+    for f in files:
+        try:
+            f.close(schema)
+        except Exception as exc:  # noqa: BLE001 - re-raised below
+            error = error or exc
+    if error is not None:
+        raise error
+
+
+def is_store(path) -> bool:
+    """An HDF5 file, or a folder whose manifest says hdf5 (what a reader should open as HDF5)."""
+    loc = as_location(path)
+    if loc.local and Path(loc.path).is_file():
+        return h5py.is_hdf5(loc.path)
+    if not loc.local and is_single_file(loc.path):
+        return loc.is_file()
+    try:
+        read_manifest(loc, FORMAT)
+    except ValueError:
+        return False
+    return True
+
+
+def written_by_trainfeed(file) -> bool:
+    """Whether an HDF5 file (a local path or a Location) carries trainfeed's root attributes (a
+    file it cannot open does not)."""
+    try:
+        h5 = Opener.at(file).open(file.path)[0] if isinstance(file, Location) else h5py.File(file, "r")
+        with h5:
+            writer = h5.attrs.get("writer")
+            marked = DATASET_META in h5.attrs
+    except (OSError, ValueError):
+        return False
+    writer = writer.decode(errors="replace") if isinstance(writer, bytes) else writer
+    return marked and isinstance(writer, str) and writer.startswith("trainfeed ")
+
+
+class Opener:
+    """Opens a store's HDF5 files: local paths as they are, objects on storage as a RangeFile
+    (h5py reads through it: metadata in blocks, a piece's slice prefetched in one fetch)."""
+
+    def __init__(self, fetcher: Fetcher | None = None, sizes: dict[str, int] | None = None):
+        self.fetcher, self.sizes = fetcher, sizes or {}
+
+    @classmethod
+    def at(cls, loc: Location, req: ReadRequest = ReadRequest()) -> "Opener":
+        if loc.local:
+            return cls()
+        objects = {loc.path: loc.identity()} if loc.is_file() else loc.objects()
+        return cls(open_fetcher(loc, req.io_concurrency, req.cache_dir, req.cache_limit, objects),
+                   {f: o.size for f, o in objects.items()})
+
+    def open(self, f: str) -> tuple[h5py.File, RangeFile | None]:
+        if self.fetcher is None:
+            return h5py.File(f, "r"), None
+        if f not in self.sizes:
+            raise TrainfeedError(f"{f}: listed by the store but not found on the storage: the store is incomplete "
+                                 "or was changed while being opened")
+        file = RangeFile(self.fetcher, f, self.sizes[f])
+        return h5py.File(file, "r"), file
+
+
+def _single(loc: Location) -> bool:
+    return Path(loc.path).is_file() if loc.local else loc.is_file()
+
+
+def data_files(path) -> list[str]:
+    loc = as_location(path)
+    if _single(loc):
+        return [loc.path]
+    return [loc.file(s["file"]) for s in read_manifest(loc, FORMAT)["parts"]]
+
+
+def read_schema(path, opener: Opener | None = None) -> DatasetSchema:
+    """The dataset schema: the single file's root attribute, or the shards' manifest."""
+    loc = as_location(path)
+    if not _single(loc):
+        return DatasetSchema.from_dict(read_manifest(loc, FORMAT)["schema"])
+    try:
+        h5, _ = (opener or Opener.at(loc)).open(loc.path)
+        with h5:
+            text = h5.attrs.get(DATASET_META)
+    except OSError as exc:
+        raise ValueError(f"{loc.shown}: cannot open as HDF5: {exc}") from exc
+    if text is None:
+        raise ValueError(f"{loc.shown}: no {DATASET_META!r} root attribute: not an HDF5 store written by trainfeed")
+    try:
+        return checked_schema(json.loads(text), f"{loc.shown} (root attribute {DATASET_META!r})")
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{loc.shown}: root attribute {DATASET_META!r} is not valid JSON ({exc})") from exc
+
+
+def read_samples(path, storage_options: dict | None = None) -> Iterator[tuple[str, int | None, dict]]:
+    """Every sample with all its fields, in write order (what ``--verify`` compares): the
+    pieces training reads (slices of whole chunks, plain h5py)."""
+    listing = list_pieces(as_location(path, storage_options), ReadRequest())
+    schema, opener = listing.schema, listing.extra["opener"]
+    handles: dict = {}
+    for f, start, stop in listing.pieces:
+        h5 = handles.get(f) or handles.setdefault(f, opener.open(f)[0])
+        ids = [x.decode() if isinstance(x, bytes) else x for x in h5[ID][start:stop]]
+        labels = h5[LABEL][start:stop].tolist() if schema.labeled else [None] * len(ids)
+        cols = {spec.name: h5[spec.name][start:stop] for spec in schema.fields}
+        for i, sid in enumerate(ids):
+            yield sid, labels[i], {spec.name: (cols[spec.name][i] if spec.is_raw else cols[spec.name][i].tobytes())
+                                   for spec in schema.fields}
+    for h5 in handles.values():
+        h5.close()
+
+
+# ------------------------------------------------------------------ read side
+
+def list_pieces(path, req: ReadRequest) -> Pieces:
+    """Chunk-aligned slices of every file (whole chunks, >= MIN_PIECE_ROWS samples each),
+    checked: datasets of equal length, the schema's shapes, the manifest's counts."""
+    loc = as_location(path, req.storage_options)
+    opener = Opener.at(loc, req)
+    schema = read_schema(loc, opener)
+    spec = pick_field(schema, req.field_name, loc.shown)
+    files = data_files(loc)
+    pieces, rows = [], []
+    for f in files:
+        h5, _ = opener.open(f)
+        with h5:
+            n = _rows_in(h5, f, schema)
+            chunk = h5[spec.name].chunks[0] if h5[spec.name].chunks else MIN_PIECE_ROWS
+        step = max(chunk, (max(MIN_PIECE_ROWS, chunk) // chunk) * chunk)
+        for start in range(0, n, step):
+            pieces.append((f, start, min(n, start + step)))
+            rows.append(min(n, start + step) - start)
+    listing = Pieces(schema, spec, pieces, rows, files, extra={"opener": opener, "sizes": opener.sizes})
+    declared = {} if _single(loc) else \
+        {loc.file(s["file"]): s.get("rows") for s in read_manifest(loc, FORMAT)["parts"]}
+    check_declared_rows(loc.shown, listing, declared, piece_file)
+    return listing
+
+
+def _rows_in(h5, path: str, schema: DatasetSchema) -> int:
+    """Samples in one HDF5 file: every dataset (id, label, each field) must hold the same number."""
+    names = [ID, *([LABEL] if schema.labeled else []), *schema.field_names]
+    missing = [n for n in names if n not in h5]
+    if missing:
+        raise TrainfeedError(f"{path}: no dataset {missing[0]!r} in this file: not a complete trainfeed HDF5 store")
+    lengths = {n: h5[n].shape[0] if h5[n].shape else 0 for n in names}
+    if len(set(lengths.values())) > 1:
+        sizes = ", ".join(f"{n} {count}" for n, count in lengths.items())
+        raise TrainfeedError(f"{path}: datasets hold different numbers of samples ({sizes}): the file is damaged "
+                             "or was modified; convert it again")
+    for spec in schema.fields:
+        ds = h5[spec.name]
+        if spec.is_raw and spec.shape is not None and (ds.shape[1:] != tuple(spec.shape) or ds.dtype != spec.dtype):
+            raise TrainfeedError(f"{path}: dataset {spec.name!r} holds {ds.dtype} samples of shape {ds.shape[1:]}, "
+                                 f"the store's schema says {spec.dtype} {tuple(spec.shape)}: the file is damaged or "
+                                 "was modified; convert it again")
+    return lengths[ID]
+
+
+def piece_file(piece: tuple[str, int, int]) -> str:
+    return piece[0]
+
+
+def read_piece(listing: Pieces, piece: tuple[str, int, int], handles: dict, empty=np.empty) -> Columns:
+    """One contiguous slice of each dataset. ``handles``: open files kept by the caller (one
+    dict per reading thread). ``empty(shape, dtype)``: where a raw tensor slice is read into."""
+    f, start, stop = piece
+    if f not in handles:
+        handles[f] = listing.extra["opener"].open(f)
+    h5, remote = handles[f]
+    ds = h5[listing.spec.name]
+    if remote is not None and listing.spec.is_raw:
+        remote.prefetch(*_slice_span(ds, start, stop))
+    ids = [x.decode() if isinstance(x, bytes) else x for x in h5[ID][start:stop]]
+    y = h5[LABEL][start:stop].astype(np.int64, copy=False) if listing.schema.labeled \
+        else np.full(stop - start, -1, np.int64)
+    if not listing.spec.is_raw:
+        return Columns(ids, y, ds[start:stop])
+    stop = min(stop, ds.shape[0])  # a file cut short reads short, as a slice would (readers check the count)
+    x = empty((max(0, stop - start), *ds.shape[1:]), ds.dtype)
+    if len(x):
+        ds.read_direct(x, np.s_[start:stop])
+    return Columns(ids, y, x)
+
+
+def _slice_span(ds: h5py.Dataset, start: int, stop: int) -> tuple[int, int]:
+    """The bytes of ``ds[start:stop]`` in its file (from its first to its last chunk: trainfeed
+    writes chunks in order); (0, 0) when unknown, and the slice is then read block by block."""
+    stop = min(stop, ds.shape[0])
+    if stop <= start:
+        return (0, 0)
+    if ds.chunks is None:
+        offset = ds.id.get_offset()
+        row = ds.dtype.itemsize * int(np.prod(ds.shape[1:], dtype=np.int64))
+        return (offset + start * row, offset + stop * row) if offset is not None else (0, 0)
+    rest = (0,) * (len(ds.shape) - 1)
+    c = ds.chunks[0]
+    first = ds.id.get_chunk_info_by_coord((start // c * c, *rest))
+    last = ds.id.get_chunk_info_by_coord(((stop - 1) // c * c, *rest))
+    if first.byte_offset is None or last.byte_offset is None:
+        return (0, 0)
+    lo, hi = min(first.byte_offset, last.byte_offset), max(first.byte_offset + first.size, last.byte_offset + last.size)
+    return (lo, hi) if hi - lo <= 4 * (stop - start) * ds.dtype.itemsize * int(np.prod(ds.shape[1:])) + (1 << 20) \
+        else (0, 0)
+
+
+def read_labels(listing: Pieces) -> Iterator[np.ndarray]:
+    for f in listing.files:
+        h5, _ = listing.extra["opener"].open(f)
+        with h5:
+            yield h5[LABEL][:].astype(np.int64) if listing.schema.labeled else np.full(h5[ID].shape[0], -1, np.int64)

@@ -1,0 +1,371 @@
+"""Parquet store: a folder of ``part-NNNNN.parquet`` files of about the target size, each
+split into row groups of about the row-group size, plus the ``_trainfeed.json`` manifest.
+
+The manifest (shared with sharded HDF5 stores) is trainfeed's mark on a store: readers
+validate it, and ``convert --overwrite`` replaces only folders that carry a valid one."""
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from trainfeed.converters import __version__
+from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.formats.layout import (ID, LABEL, MANIFEST, DatasetSchema, FieldSpec, arrow_schema, checked_schema, from_record_batch,
+                     is_count, to_record_batch)
+from trainfeed.converters.formats.options import (Columns, Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows, labels_array,
+                      pick_field)
+from trainfeed.converters.storage.location import Location, as_location
+from trainfeed.converters.storage.fetch import Fetcher, RangeFile, open_fetcher
+from trainfeed.converters.storage.native import Identity
+from trainfeed.converters.sources.files import Sample
+
+FORMAT = name = "parquet"
+label = "Parquet"
+writable = True
+#: What check_sharding calls a piece.
+UNIT = "row groups"
+COMPRESSIONS = ("none", "snappy", "zstd", "lz4", "gzip", "brotli")
+DEFAULT_COMPRESSION = "none"
+#: (lowest, highest) --compression-level per codec; codecs not listed take no level (Arrow: gzip 1-9).
+COMPRESSION_LEVELS = {"zstd": (1, 22), "gzip": (1, 9), "brotli": (0, 11)}
+PART = "part-{:05d}.parquet"
+WRITER = f"trainfeed {__version__}"
+MANIFEST_FORMATS = ("parquet", "hdf5")
+
+
+def parquet_compression(name: str) -> str:
+    return "NONE" if name == "none" else name.upper()
+
+
+@dataclass
+class Part:
+    file: str  # name inside the store folder
+    rows: int
+    row_groups: int  # one per batch written
+    size: int
+    min_id: str
+    max_id: str
+    labels: tuple[int | None, int | None]  # (min, max); None when unlabeled
+    written_ms: int = 0  # when it was closed (Delta's modificationTime)
+
+
+def _open_part(file: Path, arrow: pa.Schema, opts: WriteOptions):
+    sink = pa.OSFile(str(file), "wb")  # native file: writes need no GIL
+    writer = pq.ParquetWriter(
+        sink, arrow,
+        compression=parquet_compression(opts.compression),
+        compression_level=opts.compression_level,
+        # Dictionary encoding and min/max statistics only help the small columns; on tensor
+        # columns they cost CPU and are thrown away.
+        use_dictionary=[ID],
+        write_statistics=[ID, LABEL],
+    )
+    return sink, writer
+
+
+def write_parts(folder: Path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
+                part_name: Callable[[int], str] = PART.format, on_part: Callable[[str], None] | None = None
+                ) -> list[Part]:
+    """Write every batch as one row group into part files of about the target size;
+    ``on_part(name)`` is called as each part is complete (an upload can start).
+
+    Encoding and writing a row group (pyarrow, GIL released) runs in a writer thread while
+    this thread assembles the next one. Shared by the Parquet and Delta writers."""
+    arrow = arrow_schema(schema, opts.tensor_column)
+    parts: list[Part] = []
+    sink = writer = None
+    pending: Future | None = None
+    rows = groups = 0
+    ids: list[str] = []
+    labels: list[int] = []
+
+    def close_part() -> None:
+        nonlocal sink, writer
+        writer.close()
+        size = sink.tell()
+        sink.close()
+        name = part_name(len(parts))
+        lab = (min(labels), max(labels)) if labels else (None, None)
+        parts.append(Part(name, rows, groups, size, min(ids), max(ids), lab, int(time.time() * 1000)))
+        sink = writer = None
+        if on_part is not None:
+            on_part(name)
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainfeed-parquet") as pool:
+        try:
+            for batch in batches:
+                record_batch = to_record_batch(batch, schema, arrow)
+                if pending is not None:
+                    pending.result()
+                    if sink.tell() >= opts.target_file_size:
+                        close_part()
+                if writer is None:
+                    sink, writer = _open_part(folder / part_name(len(parts)), arrow, opts)
+                    rows, groups, ids, labels = 0, 0, [], []
+                pending = pool.submit(writer.write_batch, record_batch, row_group_size=len(batch))
+                rows += len(batch)
+                groups += 1
+                ids += (batch[0].id, batch[-1].id)  # batches arrive in id order
+                labels += [s.label for s in batch if s.label is not None]
+            if pending is not None:
+                pending.result()
+                close_part()
+        except BaseException:
+            if pending is not None:
+                pending.cancel()
+                wait([pending])
+            _close_quietly(writer, sink)
+            raise
+    return parts
+
+
+def _close_quietly(*handles) -> None:
+    """Close what a failed write left open: closing a half-written part fails again on a
+    full disk, and that second error must not hide the first."""
+    for handle in handles:
+        if handle is not None:
+            with suppress(Exception):
+                handle.close()
+
+
+def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
+          on_part: Callable[[str], None] | None = None) -> WriteResult:
+    """Parts plus the manifest. ``path`` must be a new (staging) folder. ``on_part(name)``:
+    called as each part is complete."""
+    path = Path(path)
+    path.mkdir(parents=True)
+    parts = write_parts(path, schema, batches, opts, on_part=on_part)
+    schema.samples = sum(p.rows for p in parts)
+    write_manifest(path, FORMAT, schema, [{"file": p.file, "rows": p.rows} for p in parts])
+    files = [str(path / p.file) for p in parts]
+    return WriteResult(files, sum(p.size for p in parts), {"row_groups": sum(p.row_groups for p in parts)})
+
+
+def write_manifest(path: Path, fmt: str, schema: DatasetSchema, parts: list[dict], writer: str = WRITER) -> None:
+    """The manifest of a Parquet or sharded HDF5 store: ``parts`` are {"file": NAME, "rows": N}."""
+    manifest = {"format": fmt, "writer": writer, "schema": schema.to_dict(), "parts": parts}
+    (path / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+def is_store(path: Path) -> bool:
+    try:
+        read_manifest(path)
+    except ValueError:
+        return False
+    return True
+
+
+def read_manifest(path, fmt: str | None = FORMAT) -> dict:
+    """The validated manifest of the store at ``path`` (a local path or a Location); ValueError
+    naming the file if it is missing, unreadable or not what trainfeed writes. ``fmt=None``
+    accepts any format."""
+    loc = as_location(path)
+    file = f"{loc.shown}/{MANIFEST}"
+    raw = b""
+    try:
+        raw = loc.read_bytes(MANIFEST)
+        manifest = json.loads(raw)
+    except FileNotFoundError as exc:
+        raise ValueError(f"{loc.shown}: no {MANIFEST}: not a complete trainfeed {fmt or 'Parquet or HDF5'} store") from exc
+    except OSError as exc:
+        raise ValueError(f"{file}: cannot read: {exc.strerror or exc}") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{file}: not valid JSON ({'empty file' if not raw else exc})") from exc
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{file}: holds a JSON {type(manifest).__name__}, not the manifest object")
+    found = manifest.get("format")
+    if found not in ((fmt,) if fmt else MANIFEST_FORMATS):
+        raise ValueError(f"{file}: says format {found!r}, not {fmt or ' or '.join(MANIFEST_FORMATS)}")
+    writer = manifest.get("writer")
+    if not (isinstance(writer, str) and writer.startswith("trainfeed ")):
+        raise ValueError(f"{file}: not written by trainfeed (writer {writer!r})")
+    checked_schema(manifest.get("schema"), file)
+    _check_parts(manifest.get("parts"), file)
+    return manifest
+
+
+def _check_parts(parts: Any, file: Path) -> None:
+    if not isinstance(parts, list):
+        raise ValueError(f"{file}: 'parts' must be a list of {{\"file\": NAME, \"rows\": N}}")
+    for i, part in enumerate(parts):
+        name = part.get("file") if isinstance(part, dict) else None
+        rows = part.get("rows") if isinstance(part, dict) else None
+        plain_name = isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
+        if not (plain_name and is_count(rows)):
+            raise ValueError(f"{file}: part {i} is {part!r}, not {{\"file\": NAME, \"rows\": N}}")
+
+
+def data_files(path) -> list[str]:
+    """The store's part files in write order (the manifest lists exactly the committed parts)."""
+    loc = as_location(path)
+    return [loc.file(p["file"]) for p in read_manifest(loc)["parts"]]
+
+
+def read_schema(path) -> DatasetSchema:
+    return DatasetSchema.from_dict(read_manifest(path)["schema"])
+
+
+def read_samples(path, storage_options: dict | None = None) -> Iterator[tuple[str, int | None, dict]]:
+    """Every sample with all its fields, in write order (what ``--verify`` compares): the
+    pieces training reads, one row group at a time (plain pyarrow, no Petastorm)."""
+    return row_group_samples(list_pieces(as_location(path, storage_options), ReadRequest()))
+
+
+def row_group_samples(listing: Pieces) -> Iterator[tuple[str, int | None, dict]]:
+    handles: dict = {}
+    for f, rg in listing.pieces:
+        yield from from_record_batch(_parquet_file(listing, f, handles).read_row_group(rg), listing.schema)
+
+
+# ------------------------------------------------------------------ read side (shared with Delta)
+
+def list_pieces(path, req: ReadRequest) -> Pieces:
+    """Every row group of the manifest's parts, file by file, checked against the manifest's counts."""
+    loc = as_location(path, req.storage_options)
+    manifest = read_manifest(loc)
+    schema = DatasetSchema.from_dict(manifest["schema"])
+    spec = pick_field(schema, req.field_name, loc.shown)
+    files = [loc.file(p["file"]) for p in manifest["parts"]]
+    objects = None if loc.local else loc.objects()
+    listing = file_pieces(loc, schema, spec, files, objects and {f: o.size for f, o in objects.items()}, req, objects)
+    declared = {loc.file(part["file"]): part.get("rows") for part in manifest["parts"]}
+    check_declared_rows(loc.shown, listing, declared, piece_file)
+    return listing
+
+
+def file_pieces(loc: Location, schema: DatasetSchema, spec: FieldSpec, files: list[str], sizes: dict[str, int] | None,
+                req: ReadRequest, identities: dict[str, Identity] | None = None) -> Pieces:
+    """The row groups of ``files`` in ``loc``: read locally, or on object storage through range
+    requests (``sizes``: each file's size, from the caller's listing or log; ``identities``:
+    each object's version, else one listing of ``loc`` gives them)."""
+    if loc.local:
+        return row_group_pieces(schema, spec, files)
+    sizes = sizes or {}
+    identities = loc.objects() if identities is None else identities
+    versions = {f: identities.get(f) or Identity(sizes[f]) for f in files if f in sizes}
+    return remote_row_group_pieces(schema, spec, files, sizes,
+                                   open_fetcher(loc, req.io_concurrency, req.cache_dir, req.cache_limit, versions))
+
+
+def row_group_pieces(schema: DatasetSchema, spec: FieldSpec, files: list[str]) -> Pieces:
+    pieces, rows = [], []
+    for f in files:
+        meta = pq.ParquetFile(f).metadata
+        for rg in range(meta.num_row_groups):
+            pieces.append((f, rg))
+            rows.append(meta.row_group(rg).num_rows)
+    return Pieces(schema, spec, pieces, rows, files)
+
+
+@dataclass
+class RemoteParts:
+    """What reading Parquet files on object storage needs: the fetcher and each file's size
+    and footer (read once, when the store is opened)."""
+
+    fetcher: Fetcher
+    sizes: dict[str, int]
+    footers: dict[str, pq.FileMetaData]
+
+    def open(self, f: str, span: tuple[int, int] | None = None) -> pq.ParquetFile:
+        file = RangeFile(self.fetcher, f, self.sizes[f])
+        if span:
+            file.prefetch(*span)
+        return pq.ParquetFile(file, metadata=self.footers[f])
+
+
+def remote_row_group_pieces(schema: DatasetSchema, spec: FieldSpec, files: list[str], sizes: dict[str, int],
+                            fetcher: Fetcher) -> Pieces:
+    """``row_group_pieces`` for files on object storage: the footers are read concurrently (one
+    or two range requests each), the sizes come from the caller's listing."""
+    missing = [f for f in files if f not in sizes]
+    if missing:
+        raise TrainfeedError(f"{missing[0]}: listed by the store but not found on the storage ({len(missing)} "
+                             "missing): the store is incomplete or was changed while being opened")
+    with ThreadPoolExecutor(fetcher.io_concurrency) as pool:
+        footers = dict(zip(files, pool.map(lambda f: pq.read_metadata(RangeFile(fetcher, f, sizes[f])), files)))
+    pieces, rows = [], []
+    for f in files:
+        for rg in range(footers[f].num_row_groups):
+            pieces.append((f, rg))
+            rows.append(footers[f].row_group(rg).num_rows)
+    return Pieces(schema, spec, pieces, rows, files, extra={"remote": RemoteParts(fetcher, sizes, footers), "sizes": sizes})
+
+
+def row_group_span(meta: pq.FileMetaData, rg: int, columns: list[str]) -> tuple[int, int]:
+    """The bytes holding ``columns`` of row group ``rg``: one range covers them (they are
+    adjacent in the file), so a piece is one concurrent fetch instead of a request per page."""
+    group, lo, hi = meta.row_group(rg), None, None
+    for j in range(group.num_columns):
+        col = group.column(j)
+        if col.path_in_schema.split(".")[0] not in columns:
+            continue
+        start = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
+        lo = start if lo is None else min(lo, start)
+        hi = start + col.total_compressed_size if hi is None else max(hi, start + col.total_compressed_size)
+    return (lo or 0, hi or 0)
+
+
+def _parquet_file(listing: Pieces, f: str, handles: dict, columns: list[str] | None = None,
+                  rg: int | None = None) -> pq.ParquetFile:
+    """A ParquetFile for reading row group ``rg`` of ``f``: local files are kept open in
+    ``handles``; on object storage the row group's bytes are fetched first, in one go."""
+    remote: RemoteParts | None = listing.extra.get("remote")
+    if remote is None:
+        return handles.get(f) or handles.setdefault(f, pq.ParquetFile(f))
+    span = row_group_span(remote.footers[f], rg, columns) if rg is not None and columns else None
+    return remote.open(f, span)
+
+
+def piece_file(piece: tuple[str, int]) -> str:
+    return piece[0]
+
+
+def read_piece(listing: Pieces, piece: tuple[str, int], handles: dict, empty=np.empty) -> Columns:
+    """One row group; a binary tensor column becomes a zero-copy view of its data buffer (all
+    values have the same length, so the buffer is the stacked tensors). ``handles``: open
+    files kept by the caller (one dict per reading thread). ``empty``: unused (Arrow allocates)."""
+    return table_columns(read_row_group(listing, piece, [ID, LABEL, listing.spec.name], handles), listing.spec)
+
+
+def read_row_group(listing: Pieces, piece: tuple[str, int], columns: list[str], handles: dict) -> pa.Table:
+    """``columns`` of one row group (on object storage, fetched in one range request)."""
+    f, rg = piece
+    return _parquet_file(listing, f, handles, columns, rg).read_row_group(rg, columns=columns)
+
+
+def table_columns(table: pa.Table, spec: FieldSpec) -> Columns:
+    chunked = table.column(spec.name)
+    # one row group reads as one chunk: take it as is (combine_chunks would copy it)
+    col = chunked.chunk(0) if chunked.num_chunks == 1 else chunked.combine_chunks()
+    n = len(col)
+    if not spec.is_raw:  # encoded images: one bytes value per row (training/reading/images.py decodes them)
+        x = np.empty(n, object)
+        x[:] = col.to_pylist()
+    elif pa.types.is_binary(col.type):
+        offsets = np.frombuffer(col.buffers()[1], np.int32, n + 1, col.offset * 4)
+        data = np.frombuffer(col.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
+        x = data.view(np.dtype(spec.dtype).newbyteorder("<")).reshape((n, *spec.shape))
+    else:
+        x = col.flatten().to_numpy(zero_copy_only=False).astype(spec.dtype, copy=False).reshape((n, *spec.shape))
+    return Columns(table.column(ID).to_pylist(), labels_array(table.column(LABEL).to_numpy(zero_copy_only=False)), x)
+
+
+def ids_in(listing: Pieces, files: list[str]) -> set[str]:
+    """Every sample id in ``files`` of the listing (the id column only)."""
+    return {i for f in files for i in _parquet_file(listing, f, {}).read(columns=[ID]).column(ID).to_pylist()}
+
+
+def read_labels(listing: Pieces, column_name: str = LABEL) -> Iterator[np.ndarray]:
+    """The label column (``column_name``) of each data file (-1 where unlabeled)."""
+    for f in listing.files:
+        column = _parquet_file(listing, f, {}).read(columns=[column_name]).column(column_name).combine_chunks()
+        yield labels_array(column.to_numpy(zero_copy_only=False))

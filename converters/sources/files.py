@@ -1,0 +1,433 @@
+"""Small-file sources: list a folder (local path or fsspec URL), read and decode each sample.
+
+A source is a folder of ``.npy`` files (one array each, field ``volume``), of ``.npz`` files
+(each array a field) or of JPEG/PNG images (field ``image``). A sample's id is its path
+relative to the folder without the extension, with ``/`` separators.
+
+Every file is hostile until decoded: listing skips what is not a regular file, no read goes
+past the size the listing gave (nor, for ``.npy``, past what its header promises), and every
+header is checked with Python integers before a byte of payload is trusted.
+"""
+from __future__ import annotations
+
+import io
+import math
+import os
+import posixpath
+import stat
+import threading
+import zipfile
+import zlib
+from dataclasses import dataclass, field
+
+import fsspec
+import numpy as np
+from fsspec.exceptions import FSTimeoutError
+from numpy.lib import format as npformat
+from PIL import Image, UnidentifiedImageError
+
+from trainfeed.converters.errors import SampleError, TrainfeedError
+from trainfeed.converters.formats.layout import IMAGE_BYTES, RAW, RESERVED, SUPPORTED_DTYPES
+from trainfeed.converters.storage.config import call_timeout, no_answer
+from trainfeed.converters.storage.filesystems import call, is_local, open_fs
+from trainfeed.converters.storage.native import Identity
+
+NPY, NPZ, IMAGE = "npy", "npz", "image"
+
+VOLUME_FIELD, IMAGE_FIELD = "volume", "image"
+_EXTENSIONS = {".npy": NPY, ".npz": NPZ, ".jpg": IMAGE, ".jpeg": IMAGE, ".png": IMAGE}
+
+@dataclass(frozen=True)
+class SourceFile:
+    id: str
+    path: str  # path inside the filesystem
+    size: int
+    problem: str | None = None  # why the file cannot be a sample, found when listing it
+    deadline: float | None = None  # seconds a read may take on a remote store, retries included (see call())
+    identity: Identity | None = None  # the version listed (object storage): what reads and the cache are tied to
+
+
+@dataclass
+class Sample:
+    id: str
+    label: int | None
+    fields: dict[str, np.ndarray | bytes]
+    nbytes_in: int = 0  # bytes read from the source file
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of tensor payload as stored (decoded arrays, or encoded image bytes)."""
+        return sum(v.nbytes if isinstance(v, np.ndarray) else len(v) for v in self.fields.values())
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    resize: tuple[int, int] | None = None  # (height, width)
+    storage: str = "encoded"  # "encoded" keeps JPEG/PNG bytes; "decoded" stores pixel arrays
+    mode: str = "RGB"  # PIL mode images are converted to when decoded or resized
+
+
+@dataclass
+class Listing:
+    kind: str
+    files: list[SourceFile]
+    ignored: list[str] = field(default_factory=list)
+
+
+def printable(name: str) -> str:
+    """``name`` as valid UTF-8: bytes of a file name that are not UTF-8 shown as ``\\xNN``."""
+    try:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a lone surrogate that no file name decoding produced
+        return name.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+_SPECIAL_FILES = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                  (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _not_regular(fs: fsspec.AbstractFileSystem, path: str) -> str | None:
+    """Why an entry the listing did not call a file is no sample; None where reading it
+    will tell (a broken link, a file deleted since)."""
+    if not is_local(fs):
+        return "not a regular file"
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    return "not a regular file (" + next((what for test, what in _SPECIAL_FILES if test(mode)), "not a file") + ")"
+
+
+def _listing_problem(fs: fsspec.AbstractFileSystem, path: str, rel: str, info: dict) -> str | None:
+    """Why a listed file cannot be a sample before it is even opened: a FIFO or a device
+    (opening it would block or read forever), or a name that is not UTF-8 (no store's id
+    column, report or terminal can hold it)."""
+    if printable(rel) != rel:
+        return "file name is not valid UTF-8"
+    return None if info.get("type") == "file" else _not_regular(fs, path)
+
+
+def list_source(url: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, Listing]:
+    """All sample files under ``url``, sorted by id. Fails on an empty or mixed folder."""
+    fs, root = open_fs(url, storage_options)
+    deadline = call_timeout(storage_options)
+    try:
+        if not call(fs, "isdir", root, deadline=deadline):
+            raise TrainfeedError(f"{url}: source folder does not exist or is not a folder")
+        # No time limit on the walk itself: a large folder takes long to list. Each of its
+        # requests is bounded by the storage client's own retries.
+        entries = fs.find(root, detail=True)
+    except TrainfeedError:
+        raise
+    except FSTimeoutError as exc:
+        raise TrainfeedError(no_answer(url, deadline)) from exc
+    except Exception as exc:  # remote stores raise their own types
+        raise TrainfeedError(f"{url}: cannot list source folder: {exc}") from exc
+    root = root.rstrip("/")
+    by_kind: dict[str, list[SourceFile]] = {}
+    ignored: list[str] = []
+    seen: dict[str, str] = {}
+    for path, info in sorted(entries.items()):
+        rel = posixpath.relpath(path, root) if root else path
+        if any(part.startswith(".") for part in rel.split("/")):
+            continue  # hidden files and folders (.DS_Store, .ipynb_checkpoints)
+        shown = printable(rel)
+        stem, ext = posixpath.splitext(shown)
+        kind = _EXTENSIONS.get(ext.lower())
+        if kind is None:
+            ignored.append(shown)
+            continue
+        if stem in seen:
+            raise TrainfeedError(f"{url}: files {seen[stem]!r} and {shown!r} map to the same sample id {stem!r}")
+        seen[stem] = shown
+        problem = _listing_problem(fs, path, rel, info)
+        identity = None if is_local(fs) else Identity.of(info)
+        by_kind.setdefault(kind, []).append(SourceFile(stem, path, int(info.get("size") or 0), problem, deadline,
+                                                       identity))
+    if not by_kind:
+        hint = f" ({len(ignored)} other files ignored)" if ignored else ""
+        raise TrainfeedError(f"{url}: no .npy, .npz, .jpg, .jpeg or .png files found{hint}")
+    if len(by_kind) > 1:
+        counts = ", ".join(f"{len(v)} {k}" for k, v in sorted(by_kind.items()))
+        raise TrainfeedError(f"{url}: source mixes sample kinds ({counts}); convert one kind per store")
+    (kind, files), = by_kind.items()
+    return fs, Listing(kind, sorted(files, key=lambda f: f.id), ignored)
+
+
+def check_listed(src: SourceFile) -> None:
+    """Raise the problem the listing found with ``src``, if any."""
+    if src.problem:
+        raise SampleError(printable(src.path), src.problem)
+
+
+def read_bytes(fs: fsspec.AbstractFileSystem, src: SourceFile, start: int = 0, end: int | None = None) -> bytes:
+    """Bytes ``start:end`` of a file, never past the size its listing gave: a file that grows
+    cannot exhaust memory. On a remote store, a failure of the store itself (no answer, an
+    error that is not about this file) ends the whole run: it is no reason to drop a sample."""
+    check_listed(src)
+    if src.size or is_local(fs):  # a remote listing may not know a size (0)
+        end = src.size if end is None else min(end, src.size)
+    try:
+        data = call(fs, "cat_file", src.path, start=start, end=end, deadline=src.deadline)
+    except FileNotFoundError as exc:
+        raise SampleError(src.path, "cannot read: file not found (broken link or deleted)") from exc
+    except IsADirectoryError as exc:
+        raise SampleError(src.path, "cannot read: is a directory") from exc
+    except PermissionError as exc:
+        raise SampleError(src.path, "cannot read: permission denied") from exc
+    except FSTimeoutError as exc:
+        raise TrainfeedError(no_answer(fs.unstrip_protocol(src.path), src.deadline)) from exc
+    except Exception as exc:
+        if not is_local(fs):
+            raise TrainfeedError(f"{fs.unstrip_protocol(src.path)}: cannot read from the storage: {exc}") from exc
+        if isinstance(exc, OSError):
+            raise SampleError(src.path, f"cannot read: {exc.strerror or exc}") from exc
+        raise
+    if start == 0 and len(data) == 0:
+        raise SampleError(src.path, "empty file (0 bytes)")
+    return data
+
+
+# ---------------------------------------------------------------- arrays
+
+_DTYPE_KINDS = {"c": "complex numbers", "M": "dates and times", "m": "time spans", "U": "text",
+                "S": "byte strings", "V": "raw bytes or records"}
+
+
+def dtype_problem(dtype: np.dtype) -> str | None:
+    """Why arrays of ``dtype`` cannot be stored; None when they can."""
+    if dtype.hasobject:
+        return "holds a pickled object array, which is not loaded for safety"
+    if dtype.name in SUPPORTED_DTYPES:
+        return None
+    what = "records (a structured dtype)" if dtype.names else _DTYPE_KINDS.get(dtype.kind, "numbers no store holds exactly")
+    return f"dtype {dtype} ({what}) is not supported (supported: {', '.join(SUPPORTED_DTYPES)})"
+
+
+def _native_c(arr: np.ndarray) -> np.ndarray:
+    """``arr`` in native byte order and C order (a copy only where it is not already)."""
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    # not np.ascontiguousarray: it turns 0-d arrays into 1-d ones
+    return arr if arr.flags.c_contiguous else arr.copy(order="C")
+
+
+_NPY_MAGIC, _ZIP_MAGIC, _PNG_MAGIC = b"\x93NUMPY", b"PK\x03\x04", b"\x89PNG\r\n\x1a\n"
+#: A .npy file up to this size is read in one request; a larger one (or one of unknown size)
+#: in two: its first bytes (numpy headers are at most ~10 KB), then exactly the payload its
+#: header promises.
+NPY_ONE_READ, NPY_HEADER_READ = 1 << 20, 64 << 10
+#: numpy parses .npy headers with ``ast.literal_eval``; CPython 3.11/3.12 keep the AST
+#: converter's recursion counter per interpreter, so two threads parsing at once can fail
+#: with "SystemError: AST constructor recursion depth mismatch" (CPython gh-106905).
+_HEADER_PARSE = threading.Lock()
+
+
+@dataclass(frozen=True)
+class _NpyHeader:
+    shape: tuple[int, ...]
+    fortran: bool
+    dtype: np.dtype
+    offset: int  # where the payload starts
+    nbytes: int  # payload size, computed with Python integers (never overflows)
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.nbytes
+
+
+def _npy_header(path: str, data: bytes, size: float) -> _NpyHeader:
+    """The header at the start of ``data``, checked against a file of ``size`` bytes."""
+    if not data.startswith(_NPY_MAGIC):
+        what = "an .npz archive" if data.startswith(_ZIP_MAGIC) else "not a .npy file"
+        raise SampleError(path, f"corrupt or truncated .npy: {what} (no NumPy header)")
+    fp = io.BytesIO(data)
+    try:
+        version = npformat.read_magic(fp)
+        if version not in ((1, 0), (2, 0), (3, 0)):
+            raise SampleError(path, f"corrupt or truncated .npy: unknown format version {version}")
+        # 3.0 differs from 2.0 only in its header's encoding (UTF-8 for non-ASCII field names
+        # of structured dtypes, which are refused anyway).
+        read = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
+        with _HEADER_PARSE:
+            shape, fortran, dtype = read(fp)
+    except (ValueError, SyntaxError) as exc:
+        raise SampleError(path, f"corrupt or truncated .npy: {exc}") from exc
+    problem = dtype_problem(dtype)
+    if problem:
+        raise SampleError(path, problem)
+    if any(d < 0 for d in shape):
+        raise SampleError(path, f"corrupt .npy: header shape {shape} has a negative dimension")
+    header = _NpyHeader(shape, fortran, dtype, fp.tell(), math.prod(shape) * dtype.itemsize)
+    if header.end > size:
+        raise SampleError(path, f"corrupt or truncated .npy: header promises {header.nbytes} bytes of {dtype} "
+                                f"{shape}, file holds {max(0, size - header.offset)}")
+    return header
+
+
+def _npy_array(path: str, buf: bytes, start: int, header: _NpyHeader) -> np.ndarray:
+    """The payload at ``buf[start:]`` viewed in place as the header's array (no copy)."""
+    if len(buf) - start < header.nbytes:
+        raise SampleError(path, f"corrupt or truncated .npy: header promises {header.nbytes} bytes, "
+                                f"read {len(buf) - start} (file shrank while read)")
+    try:
+        arr = np.frombuffer(buf, dtype=header.dtype, count=math.prod(header.shape), offset=start)
+        arr = arr.reshape(header.shape[::-1]).T if header.fortran else arr.reshape(header.shape)
+    except ValueError as exc:  # e.g. a zero-size array with a dimension numpy cannot index
+        raise SampleError(path, f"corrupt .npy: header shape {header.shape}: {exc}") from exc
+    return _native_c(arr)
+
+
+def decode_npy(path: str, data: bytes) -> dict[str, np.ndarray]:
+    """Parse the .npy header and view the payload in place (no copy of the tensor bytes)."""
+    header = _npy_header(path, data, len(data))
+    return {VOLUME_FIELD: _npy_array(path, data, header.offset, header)}
+
+
+def read_npy(fs: fsspec.AbstractFileSystem, src: SourceFile) -> tuple[dict[str, np.ndarray], int]:
+    """A .npy file's array and the bytes read: the header first, then no more than it promises."""
+    first = src.size if 0 < src.size <= NPY_ONE_READ else NPY_HEADER_READ
+    head = read_bytes(fs, src, 0, first)
+    # A remote listing may not know the size (0): then only the header bounds the read.
+    size = src.size or (len(head) if len(head) < first else math.inf)
+    header = _npy_header(src.path, head, size)
+    if header.end <= len(head):
+        return {VOLUME_FIELD: _npy_array(src.path, head, header.offset, header)}, len(head)
+    payload = read_bytes(fs, src, header.offset, header.end)
+    return {VOLUME_FIELD: _npy_array(src.path, payload, 0, header)}, len(head) + len(payload)
+
+
+def _npz_member(path: str, zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
+    if not info.filename.endswith(".npy"):
+        raise SampleError(path, f".npz member {info.filename!r} is not a .npy array")
+    try:
+        return decode_npy(path, zf.read(info))[VOLUME_FIELD]
+    except SampleError as err:
+        raise SampleError(path, f".npz member {info.filename!r}: {err.reason}") from err
+
+
+def decode_npz(path: str, data: bytes) -> dict[str, np.ndarray]:
+    """Every ``.npy`` member of the archive, each checked as a ``.npy`` file is."""
+    if not data.startswith(_ZIP_MAGIC):
+        what = "a .npy array" if data.startswith(_NPY_MAGIC) else "not a zip archive"
+        raise SampleError(path, f"corrupt or truncated .npz: {what}")
+    out: dict[str, np.ndarray] = {}
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            for info in zf.infolist():
+                if info.is_dir():
+                    continue
+                name = info.filename.removesuffix(".npy")
+                if name in out:
+                    raise SampleError(path, f".npz holds two members named {info.filename!r}")
+                out[name] = _npz_member(path, zf, info)
+    except SampleError:
+        raise
+    except (OSError, EOFError, RuntimeError, NotImplementedError, zipfile.BadZipFile, zlib.error) as exc:
+        raise SampleError(path, f"corrupt or truncated .npz: {exc}") from exc
+    if not out:
+        raise SampleError(path, ".npz archive holds no arrays")
+    clash = [n for n in out if n in RESERVED]
+    if clash:
+        raise SampleError(path, f".npz array name {clash[0]!r} is reserved for the store's own column")
+    return out
+
+
+# ---------------------------------------------------------------- images
+
+#: Pillow modes of 16-bit grayscale images ("I": 32-bit integers, how older Pillow opens them).
+_GRAY16 = ("I;16", "I;16B", "I;16L", "I")
+
+
+def png_bit_depth(data: bytes) -> int | None:
+    """Bits per channel from a PNG's header; None for other formats."""
+    if data.startswith(_PNG_MAGIC) and data[12:16] == b"IHDR" and len(data) > 24:
+        return data[24]
+    return None
+
+
+def encoded_dtype(data: bytes) -> str:
+    """The dtype encoded image bytes decode to, at their own bit depth."""
+    return "uint16" if png_bit_depth(data) == 16 else "uint8"
+
+
+def _in_mode(path: str, img: Image.Image, data: bytes, mode: str) -> Image.Image:
+    """``img`` in ``mode`` (RGB or L) at its own bit depth; refuses what would lose bits."""
+    if img.mode in _GRAY16:
+        if mode != "L":
+            raise SampleError(path, f"16-bit grayscale image: --image-mode {mode} would cut it to 8 bits; "
+                                    "use --image-mode L to keep its 16-bit pixels")
+        return img
+    if png_bit_depth(data) == 16:
+        raise SampleError(path, "16-bit colour PNG: Pillow decodes it to 8 bits per channel; keep its exact "
+                                "bytes with --image-storage encoded and no --resize")
+    return img if img.mode == mode else img.convert(mode)
+
+
+def _pixel_array(img: Image.Image) -> np.ndarray:
+    arr = np.asarray(img)
+    return _native_c(arr.astype(np.uint16) if img.mode == "I" else arr)
+
+
+def _undecodable(path: str, exc: Exception) -> SampleError:
+    return SampleError(path, f"undecodable image: {exc}")
+
+
+_IMAGE_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+
+
+def exact_pixels(path: str, data: bytes, mode: str) -> np.ndarray:
+    """The image's pixels in ``mode``, exactly as in the file: no resize, own bit depth."""
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.load()
+            return _pixel_array(_in_mode(path, img, data, mode))
+    except _IMAGE_ERRORS as exc:
+        raise _undecodable(path, exc) from exc
+
+
+def decode_image(path: str, data: bytes, opts: ImageOptions) -> dict[str, np.ndarray | bytes]:
+    """Decode fully (so corrupt files are caught), then keep bytes or pixels per ``opts``."""
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            fmt = img.format
+            img.load()
+            if opts.storage == "encoded" and opts.resize is None:
+                return {IMAGE_FIELD: data}
+            img = _in_mode(path, img, data, opts.mode)
+            if opts.resize is not None:
+                h, w = opts.resize
+                img = img.resize((w, h), Image.Resampling.BILINEAR)
+            if opts.storage == "decoded":
+                return {IMAGE_FIELD: _pixel_array(img)}
+            buf = io.BytesIO()
+            if fmt == "PNG":
+                img.save(buf, format="PNG")
+            else:
+                img.save(buf, format="JPEG", quality=95)
+            return {IMAGE_FIELD: buf.getvalue()}
+    except _IMAGE_ERRORS as exc:
+        raise _undecodable(path, exc) from exc
+
+
+def decode_sample(kind: str, path: str, data: bytes, image_opts: ImageOptions) -> dict[str, np.ndarray | bytes]:
+    if kind == NPY:
+        return decode_npy(path, data)
+    if kind == NPZ:
+        return decode_npz(path, data)
+    return decode_image(path, data, image_opts)
+
+
+def read_sample(fs: fsspec.AbstractFileSystem, kind: str, src: SourceFile,
+                image_opts: ImageOptions) -> tuple[dict[str, np.ndarray | bytes], int]:
+    """A source file's fields and the bytes read for them."""
+    if kind == NPY:
+        return read_npy(fs, src)
+    data = read_bytes(fs, src)
+    return decode_sample(kind, src.path, data, image_opts), len(data)
+
+
+def field_encoding(kind: str, image_opts: ImageOptions) -> str:
+    return IMAGE_BYTES if kind == IMAGE and image_opts.storage == "encoded" else RAW

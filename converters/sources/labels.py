@@ -1,0 +1,143 @@
+"""Where labels come from: a CSV (id,label), class subfolders, or nowhere (unlabeled)."""
+from __future__ import annotations
+
+import csv
+import io
+import re
+from dataclasses import dataclass, field
+
+from fsspec.exceptions import FSTimeoutError
+
+from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.sources.files import SourceFile
+from trainfeed.converters.storage.config import call_timeout, no_answer
+from trainfeed.converters.storage.filesystems import call, is_local, open_fs
+
+#: An integer label: ASCII digits only (int() would also take "1_000" or Arabic-Indic digits).
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+@dataclass
+class Labels:
+    """Label per sample id; ``missing`` are source ids the labels do not cover."""
+
+    by_id: dict[str, int] | None  # None: unlabeled store
+    label_map: dict[str, int] | None = None
+    origin: str = "none"  # "csv", "folders" or "none"
+    missing: list[str] = field(default_factory=list)
+    unmatched: list[str] = field(default_factory=list)  # CSV ids with no source file
+
+    def get(self, sample_id: str) -> int | None:
+        return None if self.by_id is None else self.by_id[sample_id]
+
+
+def _index_classes(names: set[str]) -> dict[str, int]:
+    return {name: i for i, name in enumerate(sorted(names))}
+
+
+def _read_bytes(fs, path: str, deadline: float | None) -> bytes:
+    """The whole file; a local one with plain ``open`` so that a pipe (``--labels <(...)``) works."""
+    if is_local(fs):
+        with open(path, "rb") as fh:
+            return fh.read()
+    return call(fs, "cat_file", path, deadline=deadline)
+
+
+def _read_text(url: str, storage_options: dict | None) -> str:
+    fs, path = open_fs(url, storage_options)
+    deadline = call_timeout(storage_options)
+    try:
+        return _read_bytes(fs, path, deadline).decode("utf-8-sig")
+    except FileNotFoundError as exc:
+        raise TrainfeedError(f"{url}: labels file not found") from exc
+    except FSTimeoutError as exc:
+        raise TrainfeedError(no_answer(url, deadline)) from exc
+    except UnicodeDecodeError as exc:
+        raise TrainfeedError(f"{url}: cannot read labels file: not UTF-8 text ({exc})") from exc
+    except Exception as exc:  # OSError locally; remote stores raise their own types
+        raise TrainfeedError(f"{url}: cannot read labels file: {exc}") from exc
+
+
+def _check_header(url: str, fieldnames: list[str] | None) -> None:
+    columns = [c.strip() for c in fieldnames or []]
+    if not {"id", "label"} <= set(columns):
+        raise TrainfeedError(f"{url}: labels file needs a header with columns 'id' and 'label' (found {fieldnames})")
+    for name in ("id", "label"):
+        if columns.count(name) > 1:
+            raise TrainfeedError(f"{url}: header names column {name!r} {columns.count(name)} times "
+                                 "(which one holds the labels?); keep one")
+
+
+def _integer_labels(url: str, rows: list[tuple[int, str, str]]) -> dict[str, int]:
+    out = {}
+    for line, sid, label in rows:
+        value = int(label)
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise TrainfeedError(f"{url}, line {line}: label {label} does not fit in a 64-bit integer")
+        out[sid] = value
+    return out
+
+
+def _check_one_kind(url: str, rows: list[tuple[int, str, str]]) -> bool:
+    """Whether the labels are integers (else class names); fails on the first row that
+    breaks the first row's kind."""
+    first_line, _, first = rows[0]
+    integers = bool(_INTEGER.fullmatch(first))
+    for line, _, label in rows:
+        if bool(_INTEGER.fullmatch(label)) != integers:
+            kinds = ("a class name", "the integer label") if integers else ("an integer", "the class name")
+            raise TrainfeedError(f"{url}, line {line}: label {label!r} is {kinds[0]}, but line {first_line} has "
+                                 f"{kinds[1]} {first!r}; use integer labels or class names throughout")
+    return integers
+
+
+def read_label_csv(url: str, storage_options: dict | None = None) -> tuple[dict[str, int], dict[str, int] | None]:
+    """id -> label from a CSV with columns id,label. Labels are all integers (int64), or all
+    class names, indexed in sorted order (the map is returned and stored with the data)."""
+    reader = csv.DictReader(io.StringIO(_read_text(url, storage_options)))
+    _check_header(url, reader.fieldnames)
+    rows: list[tuple[int, str, str]] = []
+    first_line: dict[str, int] = {}
+    for row in reader:
+        row = {k.strip(): (v or "").strip() for k, v in row.items() if k is not None}
+        line = reader.line_num
+        sid, label = row.get("id", ""), row.get("label", "")
+        if not sid:
+            raise TrainfeedError(f"{url}, line {line}: empty id")
+        if not label:
+            raise TrainfeedError(f"{url}, line {line}: empty label for id {sid!r}")
+        if sid in first_line:
+            raise TrainfeedError(f"{url}, line {line}: id {sid!r} is listed twice (first on line {first_line[sid]})")
+        first_line[sid] = line
+        rows.append((line, sid, label))
+    if not rows:
+        raise TrainfeedError(f"{url}: labels file has no rows")
+    if _check_one_kind(url, rows):
+        return _integer_labels(url, rows), None
+    label_map = _index_classes({label for _, _, label in rows})
+    return {sid: label_map[label] for _, sid, label in rows}, label_map
+
+
+def resolve_labels(
+    files: list[SourceFile],
+    *,
+    labels_csv: str | None,
+    folder_labels: bool = True,
+    storage_options: dict[str, str] | None = None,
+) -> Labels:
+    """Labels for every file, from the CSV if given, else from class subfolders if every file
+    sits in one and there are at least two, else none."""
+    files = [f for f in files if f.problem is None]  # rejected for what they are, whatever their label
+    if labels_csv:
+        by_id, label_map = read_label_csv(labels_csv, storage_options)
+        ids = {f.id for f in files}
+        missing = [f.id for f in files if f.id not in by_id]
+        unmatched = sorted(set(by_id) - ids)
+        return Labels({k: v for k, v in by_id.items() if k in ids}, label_map, "csv", missing, unmatched)
+    if folder_labels and files and all("/" in f.id for f in files):
+        classes = {f.id.split("/", 1)[0] for f in files}
+        if len(classes) >= 2:
+            label_map = _index_classes(classes)
+            return Labels({f.id: label_map[f.id.split("/", 1)[0]] for f in files}, label_map, "folders")
+    return Labels(None)

@@ -1,0 +1,117 @@
+"""Where a store lives: a local path or an fsspec URL (abfs://, az://, abfss://, s3://, gs://,
+file://) with its storage options, resolved once.
+
+Everything trainfeed reads or writes on object storage goes through a ``Location``: its file
+system (the native client for Azure Blob, S3 and GCS, fsspec for other URLs: see
+``storage/``) for data files and manifests, and, for Delta tables, delta-rs with the same
+credentials in object_store's option names (``delta_options``). A wrapper filesystem (the benchmarks'
+latency emulation) exposes ``inner_url(path)`` and ``inner_options`` so that delta-rs can
+reach the storage underneath it.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import fsspec
+
+from trainfeed.converters.redact import redact_url
+from trainfeed.converters.storage.config import object_store_options
+from trainfeed.converters.storage.filesystems import is_local, open_fs
+from trainfeed.converters.storage.native import Identity
+
+
+def is_remote(url) -> bool:
+    """Whether ``url`` names object storage (or any fsspec filesystem) rather than a local path."""
+    text = str(url)
+    return "://" in text and not text.startswith("file://")
+
+
+@dataclass(frozen=True)
+class Location:
+    url: str  # as given; may carry secrets (show ``shown``)
+    fs: fsspec.AbstractFileSystem
+    path: str  # inside ``fs``, without a trailing slash
+    storage_options: dict = field(default_factory=dict)
+
+    @property
+    def local(self) -> bool:
+        return is_local(self.fs)
+
+    @property
+    def shown(self) -> str:
+        """The location as messages show it: a local path, or the URL without secrets."""
+        return self.path if self.local else redact_url(self.url)
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.path)
+
+    def file(self, name: str) -> str:
+        """The path (inside ``fs``) of ``name`` in this folder."""
+        return posixpath.join(self.path, name)
+
+    def url_of(self, name: str) -> str:
+        """The URL of ``name`` in this folder, as the user spelled the location."""
+        return self.file(name) if self.local else self.url.split("?", 1)[0].rstrip("/") + "/" + name
+
+    def child(self, name: str) -> "Location":
+        return Location(self.url_of(name), self.fs, self.file(name), self.storage_options)
+
+    def exists(self, name: str = "") -> bool:
+        return self.fs.exists(self.file(name) if name else self.path)
+
+    def is_file(self) -> bool:
+        return self.fs.isfile(self.path)
+
+    def read_bytes(self, name: str) -> bytes:
+        """The whole of ``name`` in this folder; FileNotFoundError if it is not there."""
+        return self.fs.cat_file(self.file(name))
+
+    def names(self) -> list[str]:
+        """Names of the entries directly in this folder (one listing request)."""
+        return [e.rstrip("/").rsplit("/", 1)[-1] for e in self.fs.ls(self.path, detail=False)]
+
+    def objects(self) -> dict[str, Identity]:
+        """Version (ETag, size, last modified) of every object directly in this folder, by path
+        (one listing request): what a reader's requests and cached ranges are tied to."""
+        return {e["name"].rstrip("/"): Identity.of(e) for e in self.fs.ls(self.path, detail=True)
+                if e.get("type") != "directory"}
+
+    def identity(self) -> Identity:
+        """Version of the object at this location."""
+        return Identity.of(self.fs.info(self.path))
+
+    def delta_uri(self) -> str:
+        """The table URI for delta-rs: the local path, or the URL of the storage itself (a wrapper
+        filesystem names the one beneath it)."""
+        if self.local:
+            return self.path
+        inner = getattr(self.fs, "inner_url", None)
+        return inner(self.path) if inner else self.url.split("?", 1)[0].rstrip("/")
+
+    def delta_options(self) -> dict[str, str]:
+        """``storage_options`` in delta-rs's (object_store's) names."""
+        if self.local:
+            return {}
+        inner = getattr(self.fs, "inner_options", None)
+        uri = self.delta_uri()
+        return object_store_options(urlsplit(uri).scheme, inner if inner is not None else self.storage_options)
+
+
+def locate(url, storage_options: dict | None = None) -> Location:
+    """The Location of a local path (made absolute) or URL."""
+    text = str(url)
+    options = dict(storage_options or {})
+    if not is_remote(text):
+        path = os.path.abspath(text.removeprefix("file://"))
+        return Location(path, fsspec.filesystem("file"), path, options)
+    fs, path = open_fs(text, options)
+    return Location(text, fs, path.rstrip("/"), options)
+
+
+def as_location(path, storage_options: dict | None = None) -> Location:
+    """``path`` if it is a Location already, else ``locate(path, storage_options)``."""
+    return path if isinstance(path, Location) else locate(path, storage_options)

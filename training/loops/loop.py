@@ -1,0 +1,142 @@
+"""The one training loop, for every framework: plan the run, restore a checkpoint, step
+through the epochs (every step split into data wait and compute), checkpoint, stop cleanly
+on SIGTERM, resume mid-epoch without re-reading, evaluate, and write the summary.
+
+What differs between PyTorch and TensorFlow lives behind ``Framework`` (loop_torch.py,
+loop_tf.py): building the model, one optimizer step, prediction, and checkpoint files."""
+from __future__ import annotations
+
+import time
+from contextlib import closing
+from typing import Protocol
+
+import numpy as np
+
+from trainfeed.converters.progress import progress_bar
+
+from trainfeed.training.config import TrainConfig
+from trainfeed.training.loops.output import RunFiles, notice, summarize
+from trainfeed.training.loops.plan import Plan, as_model_input, check_labels, eval_options, plan
+from trainfeed.training.loops.resume import Position, Preemption, after_step, checkpoint_signature
+from trainfeed.training.metrics import StepTimer, UtilizationSampler, record
+from trainfeed.training.reading.prefetch import Prefetcher
+from trainfeed.training.reading.readers import Batch, iter_batches
+
+
+class Framework(Protocol):
+    """What the loop needs from PyTorch or TensorFlow. Built for one run: the model and its
+    optimizer exist once the object does (seeded by ``cfg.seed``)."""
+
+    def parameters(self) -> dict[str, int]: ...
+
+    def to_inputs(self, batch: Batch) -> object:
+        """The batch as the step takes it; runs in the prefetch thread (e.g. pinned tensors)."""
+
+    def step(self, inputs: object) -> tuple[float, int]:
+        """One optimizer step, finished on the device when it returns: (loss, correct predictions)."""
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Class indices for samples in the model's input shape (evaluation mode)."""
+
+    def restore(self, signature: str) -> Position | None:
+        """Load the checkpoint in ``cfg.checkpoint_dir``, refused unless trainfeed wrote it for
+        ``signature``; None when there is none yet."""
+
+    def save(self, position: Position, signature: str) -> None:
+        """Write a checkpoint to ``cfg.checkpoint_dir`` (a kill mid-save keeps the previous one)."""
+
+
+def framework(cfg: TrainConfig, p: Plan) -> Framework:
+    if cfg.framework == "tf":
+        from trainfeed.training.loops.loop_tf import TensorFlow
+
+        return TensorFlow(cfg, p)
+    from trainfeed.training.loops.loop_torch import Torch
+
+    return Torch(cfg, p)
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Train ``cfg``'s model on ``cfg.data`` (options checked by ``config.check``); the summary."""
+    p = plan(cfg)
+    fw = framework(cfg, p)
+    signature = checkpoint_signature(cfg, p) if cfg.checkpoint_dir else None
+    start = _start(cfg, p, fw, signature)
+
+    def checkpoint(position: Position) -> None:
+        if signature is not None:
+            fw.save(position, signature)
+
+    files = RunFiles(cfg.out, p.rank)
+    timer = StepTimer(warmup_steps=cfg.warmup_steps, sink=files.steps)
+    global_step, preempted = start.global_step, False
+    correct = seen = delivered = 0
+    t_start = time.perf_counter()
+    with UtilizationSampler(sink=files.util) as util, Preemption() as preemption, \
+            progress_bar(enabled=cfg.progress and p.rank == 0, label="train", unit="steps") as bar:
+        bar.start(cfg.epochs * p.steps_per_epoch)
+        for epoch in range(start.epoch, cfg.epochs):
+            first = start.step_in_epoch if epoch == start.epoch else 0
+            batches = _batches(cfg, p, epoch, first)
+            with closing(Prefetcher(batches, fw.to_inputs)) as prefetch:
+                for step_in_epoch in range(first, p.steps_per_epoch):
+                    item, wait = prefetch.get()
+                    if item is None:
+                        break
+                    batch, inputs = item
+                    check_labels(batch, p.num_classes, cfg.data)
+                    t0 = time.perf_counter()
+                    loss, hits = fw.step(inputs)
+                    compute = time.perf_counter() - t0
+                    global_step += 1
+                    correct, seen = correct + hits, seen + len(batch.ids)
+                    delivered += record(timer, global_step, epoch, wait, compute, len(batch.ids), batch.nbytes,
+                                        loss).bytes
+                    bar.update(global_step, delivered)
+                    here = Position(epoch, step_in_epoch + 1, global_step)
+                    if after_step(cfg, global_step, preemption, lambda: checkpoint(here)):
+                        preempted = True
+                        break
+            if preempted:
+                break
+        if not preempted:
+            checkpoint(Position(cfg.epochs, 0, global_step))
+    extra = {"parameters": fw.parameters(), "train_accuracy": round(correct / seen, 4) if seen else None,
+             "preempted": preempted, "resumed_from_step": start.global_step if cfg.resume else None,
+             "global_step": global_step, "run_seconds": round(time.perf_counter() - t_start, 3)}
+    if p.eval_store is not None and not preempted and p.rank == 0:
+        extra["eval"] = evaluate(cfg, p, fw)
+    summary = summarize(cfg, p, timer, util, extra)
+    files.write_summary(summary)
+    files.close()
+    return summary
+
+
+def _batches(cfg: TrainConfig, p: Plan, epoch: int, first: int):
+    if cfg.data_service:  # read + decode + augment on the tf.data service's workers (no resume: first is 0)
+        from trainfeed.training.reading.service_input import iter_batches as service_batches
+
+        return service_batches(p.store, p.reader, epoch, cfg.data_service)
+    return iter_batches(p.store, p.reader, epoch, start_batch=first)  # a resume reads no earlier piece
+
+
+def _start(cfg: TrainConfig, p: Plan, fw: Framework, signature: str | None) -> Position:
+    """Where this run begins: the checkpoint's position with --resume, else the first step."""
+    if not cfg.resume or signature is None:
+        return Position()
+    found = fw.restore(signature)
+    if found is None:
+        notice(f"--resume: no checkpoint in {cfg.checkpoint_dir} yet: starting from the first step")
+        return Position()
+    if found.step_in_epoch >= p.steps_per_epoch:  # saved after an epoch's last step
+        return Position(found.epoch + 1, 0, found.global_step)
+    return found
+
+
+def evaluate(cfg: TrainConfig, p: Plan, fw: Framework) -> dict:
+    """Accuracy on the held-out store (every sample once, no shuffling)."""
+    correct = total = 0
+    for batch in iter_batches(p.eval_store, eval_options(cfg, p.store.spec.name)):
+        correct += int((fw.predict(as_model_input(batch, p.input_shape)) == batch.y).sum())
+        total += len(batch.ids)
+    return {"store": cfg.eval_data, "samples": total, "accuracy": round(correct / total, 4) if total else None}

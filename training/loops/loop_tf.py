@@ -1,0 +1,185 @@
+"""TensorFlow for the training loop (loop.py): the Keras model and its optimizer, one
+compiled step, prediction, and TensorFlow checkpoints (tensors only, with trainfeed's marker);
+and ``tf_dataset``, a store as a ``tf.data.Dataset``."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+
+from trainfeed.converters.errors import TrainfeedError  # noqa: E402
+
+from trainfeed.training.config import TrainConfig  # noqa: E402
+from trainfeed.training.reading.readers import Batch, ReaderOptions, Store, iter_batches  # noqa: E402
+from trainfeed.training.loops.plan import Plan, as_model_input  # noqa: E402
+from trainfeed.training.loops.resume import CHECKPOINT_FORMAT, Position  # noqa: E402
+
+
+def tf_dataset(store: Store, opts: ReaderOptions, epoch: int = 0, start_batch: int = 0, prefetch: int = 2):
+    """One epoch of a store as a ``tf.data.Dataset`` of (x, y) batches, x in the stored sample
+    shape, from batch ``start_batch`` on (earlier batches are not read)."""
+    import tensorflow as tf
+
+    spec = store.sample_spec
+    if spec.shape is None:
+        raise TrainfeedError(f"{store.path}: field {spec.name!r} has no fixed shape")
+
+    def gen():
+        for batch in iter_batches(store, opts, epoch, start_batch=start_batch):
+            yield batch.x, batch.y
+
+    signature = (tf.TensorSpec((None, *spec.shape), tf.as_dtype(np.dtype(spec.dtype))),
+                 tf.TensorSpec((None,), tf.int64))
+    return tf.data.Dataset.from_generator(gen, output_signature=signature).prefetch(prefetch)
+
+
+def _to_float(x):
+    import tensorflow as tf
+
+    return tf.cast(x, tf.float32) / 255.0 if x.dtype == tf.uint8 else tf.cast(x, tf.float32)
+
+
+class TensorFlow:
+    """The loop's ``Framework`` for TensorFlow / Keras 3 (see loop.Framework)."""
+
+    def __init__(self, cfg: TrainConfig, p: Plan):
+        import keras
+        import tensorflow as tf
+
+        from trainfeed.training.models.resnet_tf import build
+
+        if p.world > 1:
+            raise TrainfeedError("multi-process training is the PyTorch path (TorchDistributor); use --framework torch")
+        keras.utils.set_random_seed(cfg.seed)
+        if cfg.amp:
+            keras.mixed_precision.set_global_policy("mixed_bfloat16" if cfg.device == "cpu" else "mixed_float16")
+        self.cfg, self.p = cfg, p
+        self.device = "/GPU:0" if cfg.device == "cuda" else "/CPU:0"
+        binary = p.num_classes == 2
+        with tf.device(self.device):
+            self.model = build(p.input_shape, 1 if binary else p.num_classes, cfg.width)
+            self.optimizer = keras.optimizers.Adam(cfg.lr)
+            if cfg.amp and cfg.device == "cuda":
+                self.optimizer = keras.mixed_precision.LossScaleOptimizer(self.optimizer)
+            self.position = {name: tf.Variable(0, dtype=tf.int64) for name in ("epoch", "step_in_epoch", "global_step")}
+        loss_fn = (keras.losses.BinaryCrossentropy(from_logits=True) if binary
+                   else keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model, optimizer = self.model, self.optimizer
+
+        @tf.function(reduce_retracing=True)
+        def train_step(x, y):
+            x = _to_float(x)
+            with tf.GradientTape() as tape:
+                logits = tf.cast(model(x, training=True), tf.float32)
+                target = tf.cast(y, tf.float32)[:, None] if binary else y
+                loss = loss_fn(target, logits)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            pred = tf.cast(logits[:, 0] > 0, tf.int64) if binary else tf.argmax(logits, 1)
+            return loss, tf.reduce_sum(tf.cast(pred == y, tf.int64))
+
+        self._train_step = train_step
+        self._manager = self._signature = None
+
+    def parameters(self) -> dict[str, int]:
+        from trainfeed.training.models.resnet_tf import parameter_count
+
+        return parameter_count(self.model)
+
+    def to_inputs(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
+        return as_model_input(batch, self.p.input_shape), batch.y
+
+    def step(self, inputs: tuple[np.ndarray, np.ndarray]) -> tuple[float, int]:
+        import tensorflow as tf
+
+        with tf.device(self.device):
+            loss, hits = self._train_step(*inputs)
+        return float(loss.numpy()), int(hits.numpy())  # .numpy() waits for the step: the clock is honest
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        import tensorflow as tf
+
+        with tf.device(self.device):
+            logits = np.asarray(self.model(_to_float(x), training=False), dtype=np.float32)
+        return (logits[:, 0] > 0).astype(np.int64) if logits.shape[1] == 1 else logits.argmax(1)
+
+    def _checkpoints(self, signature: str):
+        """The CheckpointManager over --checkpoint-dir; the marker and ``signature`` are tensors in it."""
+        import tensorflow as tf
+
+        if self._manager is None:
+            os.makedirs(self.cfg.checkpoint_dir, exist_ok=True)
+            self._signature = tf.Variable(signature)
+            ckpt = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, **self.position,
+                                       format=tf.Variable(CHECKPOINT_FORMAT), signature=self._signature)
+            self._manager = tf.train.CheckpointManager(ckpt, self.cfg.checkpoint_dir, max_to_keep=2)
+        return self._manager
+
+    def restore(self, signature: str) -> Position | None:
+        import tensorflow as tf
+
+        manager = self._checkpoints(signature)
+        latest = _latest_checkpoint(self.cfg.checkpoint_dir, manager)
+        if latest is None:
+            return None
+        _check_checkpoint(latest, signature)
+        with tf.device(self.device):
+            self.optimizer.build(self.model.trainable_variables)  # its slots exist, so every saved value has a home
+        _restore(manager.checkpoint, latest)
+        return Position(*(int(self.position[name].numpy()) for name in ("epoch", "step_in_epoch", "global_step")))
+
+    def save(self, position: Position, signature: str) -> None:
+        manager = self._checkpoints(signature)
+        for name in self.position:
+            self.position[name].assign(getattr(position, name))
+        manager.save()
+
+
+def _latest_checkpoint(directory: str, manager) -> str | None:
+    """The newest checkpoint's prefix, None when the folder holds none yet. TensorFlow takes an
+    unreadable 'checkpoint' state file for no checkpoint at all: here that is an error."""
+    if manager.latest_checkpoint:
+        return manager.latest_checkpoint
+    leftovers = sorted(name for name in os.listdir(directory) if name == "checkpoint" or name.endswith(".index"))
+    if leftovers:
+        raise TrainfeedError(f"{directory}: holds TensorFlow checkpoint files ({', '.join(leftovers[:3])}) but no "
+                             "readable checkpoint: its 'checkpoint' state file is damaged or names files that are "
+                             "gone; use another --checkpoint-dir")
+    return None
+
+
+def _check_checkpoint(prefix: str, signature: str) -> None:
+    """Read the format marker and what the checkpoint was written for, before restoring
+    anything (a TensorFlow checkpoint holds tensors and protocol buffers: no code)."""
+    import tensorflow as tf
+
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+        stored = {name: reader.get_tensor(f"{name}/.ATTRIBUTES/VARIABLE_VALUE") for name in ("format", "signature")
+                  if reader.has_tensor(f"{name}/.ATTRIBUTES/VARIABLE_VALUE")}
+    except (tf.errors.OpError, ValueError, IndexError) as exc:  # IndexError: TensorFlow's "read less bytes"
+        raise TrainfeedError(f"{prefix}: not a readable TensorFlow checkpoint (damaged?): "
+                             f"{type(exc).__name__}: {_first_line(exc)}") from None
+    if stored.get("format") != CHECKPOINT_FORMAT.encode():
+        raise TrainfeedError(f"{prefix}: not a trainfeed checkpoint (no {CHECKPOINT_FORMAT!r} marker)")
+    if stored.get("signature") != signature.encode():
+        raise TrainfeedError(f"{prefix}: checkpoint was written for other data or another model; "
+                             "use a fresh --checkpoint-dir")
+
+
+def _restore(ckpt, prefix: str) -> None:
+    """Every value in the checkpoint must land in this model and optimizer, and every one of
+    their variables must get a value: a partial restore would train from a silent mix."""
+    import tensorflow as tf
+
+    try:
+        ckpt.restore(prefix).assert_consumed()
+    except (AssertionError, ValueError, IndexError, tf.errors.OpError) as exc:
+        raise TrainfeedError(f"{prefix}: checkpoint cannot be restored into this model (damaged, or written for "
+                             f"another model): {type(exc).__name__}: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else ""

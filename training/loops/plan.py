@@ -1,0 +1,126 @@
+"""Everything checked before the first step: the stores opened (training and --eval-data), the
+reader options, the steps per epoch, the model's input shape and classes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from trainfeed.converters.errors import TrainfeedError, UsageError
+from trainfeed.training.config import TrainConfig, distributed_env
+from trainfeed.training.reading.readers import check_sharding, label_bounds, open_store
+from trainfeed.training.reading.store import Batch, ReaderOptions, Store
+
+
+@dataclass
+class Plan:
+    store: Store
+    reader: ReaderOptions
+    steps_per_epoch: int
+    num_classes: int
+    input_shape: tuple[int, ...]  # of one sample as the model takes it (channels last)
+    rank: int
+    world: int
+    eval_store: Store | None = None
+
+
+def reader_options(cfg: TrainConfig, rank: int = 0, world: int = 1, shuffle: bool = True) -> ReaderOptions:
+    return ReaderOptions(batch_size=cfg.batch_size, workers=cfg.workers, shuffle=shuffle, seed=cfg.seed,
+                         shuffle_buffer=cfg.shuffle_buffer, pool=cfg.pool, shard=rank, num_shards=world,
+                         delta_version=cfg.delta_version, field_name=cfg.field_name, labels_csv=cfg.labels_csv,
+                         storage_options=cfg.storage_options, io_concurrency=cfg.io_concurrency,
+                         cache_dir=cfg.cache_dir, cache_limit=cfg.cache_limit, image_size=cfg.image_size,
+                         augment=cfg.augment, foreign=cfg.foreign)
+
+
+def eval_options(cfg: TrainConfig, field_name: str) -> ReaderOptions:
+    """The held-out store: every sample once, in order, on the field the model trains on."""
+    return replace(reader_options(cfg, shuffle=False), drop_last=False, delta_version=None, labels_csv=None,
+                   field_name=field_name, augment=False)
+
+
+def plan(cfg: TrainConfig) -> Plan:
+    """Everything checked before the first step: the training store, the steps, the
+    warm-up, and the --eval-data store."""
+    rank, world, _ = distributed_env()
+    opts = reader_options(cfg, rank, world)
+    store = open_store(cfg.data, cfg.fmt, opts)
+    if cfg.image_size is not None and store.images is None:
+        raise UsageError(f"--image-size applies to encoded images (JPEG/PNG); {store.path} holds "
+                         f"{store.spec.dtype} arrays of shape {tuple(store.spec.shape)}")
+    if cfg.data_service:
+        from trainfeed.training.reading.service_input import check_reachable, check_store
+
+        check_store(store)
+        check_reachable(cfg.data_service)
+    input_shape = model_input_shape(store)
+    full = check_sharding(store, world, cfg.batch_size)
+    steps = min(full, cfg.steps_per_epoch) if cfg.steps_per_epoch else full
+    if cfg.warmup_steps > cfg.epochs * steps:
+        raise UsageError(f"--warmup-steps {cfg.warmup_steps} is more than the {cfg.epochs * steps} steps of this run "
+                         f"({cfg.epochs} epochs of {steps})")
+    num_classes = cfg.num_classes or (len(store.schema.label_map) if store.schema.label_map else 2)
+    p = Plan(store, opts, steps, num_classes, input_shape, rank, world)
+    if cfg.eval_data:
+        p.eval_store = open_eval_store(cfg, p)
+    return p
+
+
+def model_input_shape(store: Store) -> tuple[int, ...]:
+    """One sample's shape as the models take it: (X, Y, Z, C) volumes, (H, W, C) images, and
+    (H, W) greyscale images given their channel axis. Refuses what no model can train on."""
+    spec, path = store.sample_spec, store.path
+    if spec.shape is None:
+        raise TrainfeedError(f"{path}: field {spec.name!r} has no fixed shape")
+    if not store.schema.labeled:
+        raise TrainfeedError(f"{path}: store is unlabeled; training needs a label column")
+    shape = tuple(spec.shape)
+    if len(shape) == 2:
+        return (*shape, 1)
+    if len(shape) not in (3, 4):
+        raise TrainfeedError(f"{path}: field {spec.name!r} holds samples of shape {shape}; the models take images "
+                             "(H, W) or (H, W, C) and volumes (X, Y, Z, C)")
+    return shape
+
+
+def as_model_input(batch: Batch, shape: tuple[int, ...]) -> np.ndarray:
+    """The batch's samples in the model's shape (a view: only a channel axis may be added)."""
+    return batch.x.reshape((len(batch.ids), *shape))
+
+
+def open_eval_store(cfg: TrainConfig, p: Plan) -> Store:
+    """The --eval-data store, refused before training unless the trained model can score it:
+    same field, sample shape and dtype, labeled, labels within the model's classes."""
+    store = open_store(cfg.eval_data, None, eval_options(cfg, p.store.spec.name))
+    shape, train, held_out = model_input_shape(store), p.store.sample_spec, store.sample_spec
+    if shape != p.input_shape or held_out.dtype != train.dtype:
+        raise TrainfeedError(f"{cfg.eval_data}: --eval-data field {held_out.name!r} holds {held_out.dtype} "
+                             f"samples of shape {tuple(held_out.shape)}; the model trains on {train.dtype} "
+                             f"samples of shape {tuple(train.shape)} from --data"
+                             + ("; --image-size HxW decodes both to one size" if store.images and p.store.images
+                                and not cfg.image_size else ""))
+    check_label_maps(p.store, store)
+    bounds = label_bounds(store)
+    if bounds is not None and (bounds[0] < 0 or bounds[1] >= p.num_classes):
+        unlabeled = " (-1: samples without a label)" if bounds[0] < 0 else ""
+        raise TrainfeedError(f"{cfg.eval_data}: --eval-data labels range over {bounds[0]}..{bounds[1]}{unlabeled}, "
+                             f"the model predicts 0..{p.num_classes - 1} (set --num-classes if the data has more "
+                             "classes)")
+    return store
+
+
+def check_label_maps(train: Store, held_out: Store) -> None:
+    """A class name must have the same index in both stores (else accuracy compares apples with pears)."""
+    ours, theirs = train.schema.label_map or {}, held_out.schema.label_map or {}
+    for name, index in theirs.items():
+        if name in ours and ours[name] != index:
+            raise TrainfeedError(f"{held_out.path}: class {name!r} is label {index} in --eval-data but {ours[name]} "
+                                 "in --data; convert both with the same labels")
+
+
+def check_labels(batch: Batch, num_classes: int, path: str) -> None:
+    bad = (batch.y < 0) | (batch.y >= num_classes)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise TrainfeedError(f"{path}: sample {batch.ids[i]!r} has label {int(batch.y[i])}, outside 0..{num_classes - 1} "
+                             f"(set --num-classes if the store has more classes)")

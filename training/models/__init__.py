@@ -1,0 +1,1 @@
+"""The models trained on the stores: ResNet-18 in 3D (volumes) and 2D (images), for each framework."""

@@ -1,0 +1,271 @@
+"""One interface over every layout: open a store, iterate one epoch of numpy batches.
+
+Formats come from the registry (``trainfeed.converters.formats.registry.FORMATS``): each lists its
+pieces (Parquet/Delta row groups, HDF5 chunk slices, blob files) and reads one piece into
+columns. Pool "arrow" (the default) reads them with trainfeed's own engine
+(``training/reading/engine.py``: seeded epoch plan, read-ahead threads, batches gathered with one copy
+per sample; resumable at any batch without re-reading). The Petastorm pools ("sharded",
+"process", "thread", "dummy") read Parquet and Delta stores through Petastorm, an optional
+extra (``training/reading/petastorm_reader.py``); HDF5 and blob stores always use the engine.
+
+A Parquet or Delta table another tool wrote is read when ``ReaderOptions.foreign`` names its
+columns (``converters/formats/foreign_table.py``): the same row-group pieces and engine, arrow pool only.
+
+Every reader shards by rank the same way (pieces -> ``index % num_shards == shard``).
+Encoded images (JPEG/PNG bytes) are decoded by the engine's threads as each piece is read
+(``training/reading/images.py``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import posixpath
+from typing import Iterator
+
+import numpy as np
+
+from trainfeed.converters.formats import delta, foreign_table
+from trainfeed.converters.storage import fetch
+from trainfeed.converters.errors import TrainfeedError, UsageError
+from trainfeed.converters.formats.foreign import HINT as FOREIGN_HINT
+from trainfeed.converters.storage.location import Location, is_remote, locate
+from trainfeed.converters.formats.options import Columns, ReadRequest
+from trainfeed.converters.formats.registry import FORMATS as REGISTRY, detect_format
+
+from trainfeed.training.reading import engine, images, petastorm_reader
+from trainfeed.training.reading.store import Batch, ReaderOptions, Store
+
+FORMATS = tuple(REGISTRY)
+POOLS = ("arrow", *petastorm_reader.POOLS)
+
+
+def detect(path: str, storage_options: dict | None = None) -> str:
+    """The format of the store at ``path`` (local or URL); "blob" when it is not a store."""
+    return detect_format(path, storage_options) or "blob"
+
+
+def open_store(path: str, fmt: str | None = None, opts: ReaderOptions = ReaderOptions()) -> Store:
+    """Open ``path`` (a local path or a URL: abfs://, az://, abfss://, s3://, gs://, file://)
+    as ``fmt`` (detected when None) and list its pieces."""
+    if fmt is not None and fmt not in REGISTRY:
+        raise UsageError(f"--format must be one of {', '.join(REGISTRY)}, not {fmt!r}")
+    if opts.pool not in POOLS:
+        raise UsageError(f"--reader-pool must be one of {', '.join(POOLS)}, not {opts.pool!r}")
+    if opts.io_concurrency < 1:
+        raise UsageError(f"--io-concurrency must be at least 1, not {opts.io_concurrency}")
+    remote = is_remote(path)
+    if opts.foreign is not None:
+        fmt = _foreign_format(path, fmt, opts)
+    detected = fmt is None
+    fmt = fmt or detect(path, opts.storage_options)
+    if opts.delta_version is not None and fmt != "delta":
+        raise UsageError(f"--delta-version applies to Delta tables only; {path} is a {fmt} store")
+    if remote and opts.pool != "arrow" and fmt in ("parquet", "delta"):
+        raise UsageError(f"--reader-pool {opts.pool}: Petastorm reads local stores only; stores on object storage "
+                         "are read by the default pool, arrow")
+    module = REGISTRY[fmt]
+    location = locate(path, opts.storage_options)
+    if module.writable and not location.exists():
+        raise TrainfeedError(f"{location.shown}: store not found")
+    if detected and fmt == "blob":
+        _check_sample_folder(location)
+    request = ReadRequest(opts.field_name, opts.delta_version, opts.labels_csv, opts.storage_options,
+                          opts.io_concurrency, opts.cache_dir, opts.cache_limit)
+    try:
+        if opts.foreign is not None:
+            listing = foreign_table.list_pieces(location, fmt, request, opts.foreign)
+        else:
+            listing = module.list_pieces(path if fmt == "blob" else location, request)
+    except TrainfeedError:
+        raise
+    except (OSError, ValueError, KeyError) as exc:
+        hint = f"; {FOREIGN_HINT}" if opts.foreign is None and _foreign_delta(location, fmt) else ""
+        raise TrainfeedError(f"{location.shown}: cannot open as a {fmt} store: {exc}{hint}") from exc
+    store_path = path if remote or not module.writable else location.path
+    store = Store(store_path, fmt, listing.schema, listing.spec, listing.pieces, listing.rows, listing.version,
+                  {**listing.extra, "files": listing.files, "listing": listing, "root": location.path},
+                  local=not remote, foreign=opts.foreign)
+    if not listing.spec.is_raw:
+        if uses_petastorm(store, opts):
+            raise UsageError(f"--reader-pool {opts.pool}: {location.shown} holds encoded images, which the default "
+                             "pool, arrow, decodes; Petastorm pools read raw tensors only")
+        store.images = images.plan(listing.spec, opts.image_size, lambda: _first_image(store))
+    return store
+
+
+def _foreign_format(path: str, fmt: str | None, opts: ReaderOptions) -> str:
+    """The format of a table read with ``opts.foreign``: Parquet or Delta (detected by its log),
+    and what does not combine with reading one."""
+    if fmt not in (None, "parquet", "delta"):
+        raise UsageError(f"--tensor-column reads Parquet and Delta tables, not --format {fmt}")
+    if opts.pool != "arrow":
+        raise UsageError(f"--reader-pool {opts.pool}: a table read with --tensor-column is read by the default "
+                         "pool, arrow")
+    if opts.labels_csv:
+        raise UsageError("--labels is for folders of small files; a table's labels are its --label-column")
+    if opts.field_name not in (None, opts.foreign.tensor_column):
+        raise UsageError(f"--field {opts.field_name!r} names a field of a trainfeed store; with --tensor-column "
+                         f"the tensor is column {opts.foreign.tensor_column!r}")
+    return fmt or ("delta" if delta.is_store(locate(path, opts.storage_options)) else "parquet")
+
+
+def _foreign_delta(location: Location, fmt: str) -> bool:
+    """Whether a store that cannot be opened is a Delta table trainfeed did not write."""
+    try:
+        return fmt == "delta" and not delta.written_by_trainfeed(location)
+    except ValueError:
+        return False
+
+
+def _check_sample_folder(location) -> None:
+    """A path that is no store is read as a folder of small files; say plainly when it is
+    nothing at all, the data files of a store without its commit record, or Parquet that
+    another tool wrote."""
+    if not location.exists():
+        raise TrainfeedError(f"{location.shown}: not found (no store and no folder of sample files there)")
+    if not location.fs.isdir(location.path):
+        if location.path.endswith(".parquet"):
+            raise TrainfeedError(f"{location.shown}: a Parquet file that is not a trainfeed store; {FOREIGN_HINT}")
+        return
+    names = [n for n in location.names() if not n.startswith(("_", "."))]  # Spark's _SUCCESS, checksums
+    data = [n for n in names if n.endswith((".parquet", ".h5", ".hdf5"))]
+    if data and len(data) == len(names):
+        foreign = any(n.endswith(".parquet") for n in data)
+        raise TrainfeedError(f"{location.shown}: not a complete store: {len(data)} data files but no "
+                             "_trainfeed.json manifest or Delta log (the parts of an interrupted conversion?); "
+                             "convert again" + (f"; {FOREIGN_HINT}" if foreign else ""))
+
+
+def check_sharding(store: Store, num_shards: int, batch_size: int) -> int:
+    """Pre-flight for data parallelism: every shard must get data, and all ranks must run
+    the same number of steps (else collective ops hang). Returns steps per epoch per rank."""
+    if num_shards < 1:
+        raise UsageError("number of shards must be at least 1")
+    if len(store.pieces) < num_shards:
+        raise TrainfeedError(f"{store.path}: {len(store.pieces)} {store.module.UNIT} cannot be split across "
+                             f"{num_shards} shards; rewrite the store with a smaller --row-group-size / "
+                             "--hdf5-chunk-size, or use fewer ranks")
+    rows = min(store.shard_rows(k, num_shards) for k in range(num_shards))
+    if rows < batch_size:
+        raise TrainfeedError(f"{store.path}: the smallest shard holds {rows} samples, fewer than one batch of {batch_size}")
+    return rows // batch_size
+
+
+def epoch_plan(store: Store, opts: ReaderOptions, epoch: int = 0) -> engine.EpochPlan:
+    """The engine's plan for this shard's epoch (from row counts only; nothing is read)."""
+    return engine.plan_epoch(store.piece_rows, store.shard_pieces(opts.shard, opts.num_shards),
+                             batch_size=opts.batch_size, shuffle=opts.shuffle, seed=opts.seed, epoch=epoch,
+                             shuffle_buffer=opts.shuffle_buffer, drop_last=opts.drop_last)
+
+
+def uses_petastorm(store: Store, opts: ReaderOptions) -> bool:
+    if store.foreign is not None and opts.pool != "arrow":
+        raise UsageError(f"--reader-pool {opts.pool}: a table read with --tensor-column is read by the default "
+                         "pool, arrow")
+    return opts.pool in petastorm_reader.POOLS and store.fmt in ("parquet", "delta")
+
+
+def iter_batches(store: Store, opts: ReaderOptions, epoch: int = 0, start_batch: int = 0) -> Iterator[Batch]:
+    """One epoch of batches for this shard: every sample of the shard exactly once, in an
+    order fixed by (seed, epoch). ``start_batch``: batches start_batch.. of that epoch; the
+    engine reads none of the pieces whose rows all fall in earlier batches."""
+    if uses_petastorm(store, opts):
+        for k, (x, y, ids) in enumerate(petastorm_reader.batches(store, opts, epoch)):
+            if k >= start_batch:
+                yield Batch(x, y, ids)
+        return
+    listing, module = store.extra["listing"], store.module
+
+    def read(i: int, handles: dict, empty) -> Columns:
+        cols = module.read_piece(listing, store.pieces[i], handles, empty)
+        if store.images is None:
+            return cols
+        augment = images.Augment(opts.seed, epoch) if opts.augment else None
+        return images.decode_piece(cols, store.images, module.piece_file(store.pieces[i]), augment, empty)
+
+    for x, y, ids in engine.run_epoch(
+            epoch_plan(store, opts, epoch), store.piece_rows, read,
+            lambda i: module.piece_file(store.pieces[i]), workers=reading_threads(store, opts),
+            start_batch=start_batch):
+        yield Batch(x, y, ids)
+
+
+def reading_threads(store: Store, opts: ReaderOptions) -> int:
+    """Pieces read at once. Locally: ``workers``. On object storage, enough pieces in flight to
+    keep ``io_concurrency`` range requests busy: one request per small file; a large piece
+    (a row group) is fetched as several concurrent parts of its own."""
+    if store.local:
+        return opts.workers
+    piece_bytes = store.spec.sample_nbytes * store.samples / max(1, len(store.pieces)) if store.spec.sample_nbytes else 0
+    parts = max(1, math.ceil(piece_bytes / fetch.PART_SIZE))
+    return max(opts.workers, math.ceil(opts.io_concurrency / parts))
+
+
+# ------------------------------------------------------------------ what a store holds
+
+def store_identity(store: Store) -> str:
+    """What identifies a store's content, whatever path or URL it was opened by (checkpoints
+    must match it). The id its writer gave it (for Delta, with the version read) when there
+    is one; else a fingerprint of its content (see ``_fingerprint``)."""
+    if store.schema.store_id:
+        key = {"store_id": store.schema.store_id, "version": store.version}
+    else:
+        key = {"fingerprint": _fingerprint(store)}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _fingerprint(store: Store) -> dict:
+    """Content only, never the path: the schema (less ``source``, a path), the rows of every
+    piece, each data file's name within the store and size (blob: each file's id and size),
+    every label, and the first sample (id, label, tensor bytes) of the first and of the last
+    piece. Cheap: the label column and two samples are read. Sound: the same store gives the
+    same answer by any path; other data differs in its labels, its counts or sizes, or its
+    first or last samples (a rewrite differing in none of these is the one blind spot, and a
+    store written with a store_id has none)."""
+    schema = {k: v for k, v in store.schema.to_dict().items() if k != "source"}
+    if store.fmt == "blob":
+        files = [[f.id, f.size] for f in store.pieces]
+    else:
+        files = [_file_entry(store, f) for f in store.extra["files"]]
+    digest = hashlib.sha256()
+    for labels in store.module.read_labels(store.extra["listing"]):
+        digest.update(labels.astype("<i8").tobytes())
+    for index in sorted({0, len(store.pieces) - 1}):
+        sample_id, label, value = _first_sample(store, index)
+        digest.update(json.dumps([sample_id, label]).encode())
+        digest.update(np.ascontiguousarray(value).tobytes())
+    return {"schema": schema, "format": store.fmt, "version": store.version, "rows": store.piece_rows,
+            "files": files, "content": digest.hexdigest()}
+
+
+def _file_entry(store: Store, file: str) -> list:
+    """[name within the store ("." for a single-file store), size]."""
+    if not store.local:
+        return [posixpath.relpath(file, store.extra["root"]), store.extra["listing"].extra["sizes"][file]]
+    local = file.removeprefix("file://")
+    return [os.path.relpath(os.path.abspath(local), os.path.abspath(store.path)), os.path.getsize(local)]
+
+
+def _first_sample(store: Store, index: int) -> tuple[str, int, np.ndarray]:
+    """The first sample of piece ``index``, read through fresh handles (not the readers')."""
+    cols = store.module.read_piece(store.extra["listing"], store.pieces[index], {})
+    return cols.ids[0], int(cols.labels[0]), cols.x[0]
+
+
+def _first_image(store: Store) -> tuple[str, str, bytes]:
+    """(file, sample id, bytes) of the store's first encoded image."""
+    if not store.pieces:
+        raise TrainfeedError(f"{store.path}: the store holds no images")
+    sample_id, _, value = _first_sample(store, 0)
+    return store.module.piece_file(store.pieces[0]), sample_id, bytes(value)
+
+
+def label_bounds(store: Store) -> tuple[int, int] | None:
+    """The lowest and highest label in the store (-1 for a sample without one), reading the
+    label column only; None for an empty store."""
+    columns = [y for y in store.module.read_labels(store.extra["listing"]) if len(y)]
+    if not columns:
+        return None
+    return min(int(y.min()) for y in columns), max(int(y.max()) for y in columns)
