@@ -15,7 +15,7 @@ from trainfeed.benchmarks.emulators.localserver import LocalServer, launch
 ACCOUNT = "devstoreaccount1"
 # The emulator's well-known development key (public, documented by Microsoft; not a secret).
 ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class AzuriteError(RuntimeError):

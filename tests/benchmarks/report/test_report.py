@@ -152,7 +152,7 @@ def test_the_vcpus_to_feed_one_gpu_are_the_models(tmp_path):
     from trainfeed.benchmarks.model.measured import device_of, layout_of, loader_of, storage_of
     from trainfeed.benchmarks.model.projection import feed
 
-    from .test_verdict import near
+    from tests.benchmarks.model.test_verdict import near
 
     rec = near(store="delta", cores=12)
     write_results(tmp_path, [rec])
