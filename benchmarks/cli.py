@@ -18,7 +18,7 @@ from trainfeed.converters.redact import redact, redact_json
 from trainfeed.converters.storage.fetch import DEFAULT_IO_CONCURRENCY
 
 from trainfeed.benchmarks.model.catalog import CATALOG
-from trainfeed.benchmarks.ab.matrix import IMAGE_STORAGES, STORES
+from trainfeed.benchmarks.ab.config import IMAGE_STORAGES, STORES
 from trainfeed.benchmarks.synth import IMAGE_SIZE, VOLUME_SHAPE, generate_images, generate_volumes
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False,
@@ -169,10 +169,12 @@ def run(
     from trainfeed.converters.cli_common import parse_storage_options
 
     from trainfeed.benchmarks.report import report as report_mod
-    from trainfeed.benchmarks.ab.matrix import MatrixConfig, run_matrix
+    from trainfeed.benchmarks.ab.config import MatrixConfig
+    from trainfeed.benchmarks.ab.matrix import run_matrix
     from trainfeed.benchmarks.model.projection import parse_loader
     from trainfeed.benchmarks.ab.progress import MatrixProgress
-    from trainfeed.benchmarks.model.scenario import load_scenario, prepare
+    from trainfeed.benchmarks.ab.config import prepare
+    from trainfeed.benchmarks.model.scenario import load_scenario
 
     with exit_codes():
         baseline = parse_loader(baseline_loader) if baseline_loader else None
@@ -245,7 +247,7 @@ def calibrate(
     device: str = typer.Option("auto", "--device", help="auto (cuda when present), cpu or cuda."),
     amp: bool = typer.Option(False, "--amp"),
 ) -> None:
-    from trainfeed.benchmarks.ab.matrix import compute_only_torch
+    from trainfeed.benchmarks.ab.measure import compute_only_torch
     from trainfeed.benchmarks.model.profiles import Accelerator, calibration_key, save_accelerator
 
     dims = _shape(shape)

@@ -14,7 +14,7 @@ from trainfeed.converters.formats.options import WriteOptions, parse_size
 from trainfeed.converters.progress import progress_bar
 from trainfeed.converters.cli_common import exit_codes, parse_storage_options
 from trainfeed.converters.redact import redact, redact_json
-from trainfeed.converters.sources.files import ImageOptions
+from trainfeed.converters.sources.decode import ImageOptions
 from trainfeed.converters.formats.registry import FORMATS, WRITABLE
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)

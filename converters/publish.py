@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from trainfeed.converters.errors import TrainfeedError
-from trainfeed.converters.formats.layout import MANIFEST
+from trainfeed.converters.layout import MANIFEST
 from trainfeed.converters.storage.location import Location
 from trainfeed.converters.formats.registry import RUN_PART, identify
 from trainfeed.converters.storage.upload import Uploader

@@ -48,7 +48,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from trainfeed.benchmarks.ab.matrix import MatrixConfig, run_matrix
+    from trainfeed.benchmarks.ab.config import MatrixConfig
+    from trainfeed.benchmarks.ab.matrix import run_matrix
 
     def csv(text):
         return tuple(x for x in text.split(",") if x)

@@ -27,14 +27,16 @@ import pyarrow as pa
 from trainfeed.converters.formats import delta, parquet
 from trainfeed.converters.cli_common import parse_storage_options
 from trainfeed.converters.commit import DestinationLock, Staging
-from trainfeed.converters.convert import check_apart, check_destination, destination_path, source_location, write_rejects_report
+from trainfeed.converters.convert import source_location, write_rejects_report
+from trainfeed.converters.destination import check_apart, check_destination, destination_path
 from trainfeed.converters.errors import SampleError, TrainfeedError, UsageError
 from trainfeed.converters.sources.labels import Labels, resolve_labels
-from trainfeed.converters.formats.layout import DatasetSchema, arrow_schema
+from trainfeed.converters.layout import DatasetSchema, arrow_schema
 from trainfeed.converters.formats.options import WriteOptions, parse_size
 from trainfeed.converters.redact import redact
 from trainfeed.converters.sources.samples import SchemaGuard, load_sample
-from trainfeed.converters.sources.files import ImageOptions, Listing, Sample, SourceFile, list_source
+from trainfeed.converters.sources.listing import Listing, SourceFile, list_source
+from trainfeed.converters.sources.decode import ImageOptions, Sample
 
 from trainfeed.pipelines.entry import run_job
 from trainfeed.pipelines.paths import fuse_path, spark_path

@@ -9,7 +9,7 @@ from trainfeed.converters.convert import ConvertConfig
 from trainfeed.converters.convert import convert as _convert
 from trainfeed.converters.errors import UsageError
 from trainfeed.converters.formats.options import WriteOptions, parse_size
-from trainfeed.converters.sources.files import ImageOptions
+from trainfeed.converters.sources.decode import ImageOptions
 from trainfeed.converters.formats.registry import FORMATS
 
 WritableFormat = Literal["parquet", "delta", "hdf5"]

@@ -11,7 +11,7 @@ import typer
 from trainfeed.converters.cli import parse_resize
 from trainfeed.converters.cli_common import exit_codes, parse_storage_options
 from trainfeed.converters.formats.foreign import ENCODINGS, foreign_schema
-from trainfeed.converters.formats.layout import SUPPORTED_DTYPES
+from trainfeed.converters.layout import SUPPORTED_DTYPES
 from trainfeed.converters.formats.options import parse_size
 from trainfeed.converters.redact import redact, redact_json
 from trainfeed.converters.formats.registry import FORMATS

@@ -6,7 +6,6 @@ the store, one stage after the other, so waiting on storage (latency, emulated o
 in no stage: what is left between these figures and the reader's rate is I/O wait."""
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
@@ -18,7 +17,6 @@ from trainfeed.training.reading.readers import Store
 
 #: Samples the stages are measured over (whole pieces: at least this many).
 SAMPLES = 64
-STAGES = ("read", "decode", "augment")
 
 
 def stage_costs(store: Store, samples: int = SAMPLES, seed: int = 0) -> dict:
@@ -68,27 +66,3 @@ def augmented(pixels: np.ndarray, sample_id: str, augment: images.Augment) -> np
 
 def _nbytes(value) -> int:
     return len(value) if isinstance(value, (bytes, bytearray, memoryview)) else int(np.asarray(value).nbytes)
-
-
-def image_verdict(cell: dict, device_rate: float, reader_rate: float) -> dict:
-    """An image cell the projection model found read/decode-bound (its reader's CPU delivers
-    ``reader_rate`` samples/s, the device takes ``device_rate``): the stage that costs the most
-    CPU per sample, and what removes it."""
-    st = cell["stages"]
-    per_sample = sum(st[s] for s in STAGES)
-    need = math.ceil(device_rate * per_sample)
-    ms = {s: f"{st[s] * 1e3:.3f} ms" for s in STAGES}
-    costs = f"CPU per sample: read {ms['read']}, decode+resize {ms['decode']}, augment {ms['augment']}"
-    binding = max(STAGES, key=lambda s: st[s])
-    if binding == "augment":
-        return {"bottleneck": "augment", "advice": f"augmentation-bound: {ms['augment']} CPU per image to crop, "
-                f"resize and flip ({costs}); the reader delivers {reader_rate:,.0f} images/s, the device takes "
-                f"{device_rate:,.0f} and needs ~{need} vCPUs at this rate; augment on the GPU or add CPUs"}
-    if binding == "decode":
-        ratio = st["pixel_bytes_per_sample"] / st["stored_bytes_per_sample"]
-        return {"bottleneck": "decode", "advice": f"decode-bound: {ms['decode']} CPU per image to decode and resize "
-                f"({costs}); the reader delivers {reader_rate:,.0f} images/s, the device takes {device_rate:,.0f} "
-                f"and needs ~{need} vCPUs at this rate; store decoded pixels ({ratio:.1f}x the bytes) or add CPUs"}
-    return {"bottleneck": "decode", "advice": f"read-bound: {ms['read']} CPU per image to read and parse its bytes "
-            f"({costs}); the reader delivers {reader_rate:,.0f} images/s, the device takes {device_rate:,.0f} and "
-            f"needs ~{need} vCPUs at this rate; repack into files of ~128 MB (fewer, larger reads) or add CPUs"}

@@ -44,7 +44,7 @@ from PIL import Image, ImageDraw
 from trainfeed.converters.cli import parse_resize
 from trainfeed.converters.convert import ConvertConfig, convert
 from trainfeed.converters.formats.options import WriteOptions
-from trainfeed.converters.sources.files import ImageOptions
+from trainfeed.converters.sources.decode import ImageOptions
 from trainfeed.training.reading import images
 from trainfeed.training.metrics import environment
 from trainfeed.training.reading.readers import ReaderOptions, iter_batches, open_store

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from trainfeed.benchmarks.micro.convert_bench import ensure_dataset
 from trainfeed.converters.convert import ConvertConfig, convert
-from trainfeed.converters.formats.layout import ID, LABEL
+from trainfeed.converters.layout import ID, LABEL
 from trainfeed.converters.formats.options import WriteOptions
 from trainfeed.training.metrics import environment
 from trainfeed.training.reading.readers import ReaderOptions, iter_batches, open_store

@@ -1,7 +1,7 @@
 """Everything storage-bench advises, computed once from the recorded cells: the headline (each
 measured node), the catalog (each instance), the recommendation and, for a scenario, the
-comparison with the published times. All rows come from ``cost.projection_row``; report.py
-only renders them."""
+comparison with the published times. All rows come from ``cost.projection_row``; the report
+(benchmarks/report/) only renders them."""
 from __future__ import annotations
 
 import math

@@ -7,6 +7,9 @@ from trainfeed.converters.storage.fetch import PART_SIZE
 from trainfeed.benchmarks.model.projection import Device, Layout, Loader, Machine
 from trainfeed.benchmarks.model.profiles import ObjectStore, load_object_store
 
+#: The CPU stages of an image input pipeline a cell records per sample (benchmarks/ab/stages.py).
+STAGES = ("read", "decode", "augment")
+
 
 def layout_of(cell: dict) -> Layout:
     """Per-sample read cost of the cell's store: host CPU-seconds from the ingest-only pass's

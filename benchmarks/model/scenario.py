@@ -12,9 +12,8 @@ from pathlib import Path
 from trainfeed.converters.errors import TrainfeedError
 
 from trainfeed.benchmarks.model.cost import Workload
-from trainfeed.benchmarks.ab.matrix import MatrixConfig
 from trainfeed.benchmarks.model.projection import Loader
-from trainfeed.benchmarks.model.profiles import ObjectStore, save_object_store
+from trainfeed.benchmarks.model.profiles import ObjectStore
 
 #: Where `storage-bench run --scenario` keeps a copy of the scenario, for `storage-bench report`.
 SCENARIO_COPY = "scenario.toml"
@@ -166,32 +165,3 @@ class _Getter:
         if not isinstance(value, list) or required and not value:
             raise TrainfeedError(f"{self.path}: {key} must be a non-empty list")
         return value
-
-
-def prepare(scenario: Scenario, out: Path, src: str | None, log, storage_backend: str = "local",
-            storage_options: dict | None = None) -> MatrixConfig:
-    """The matrix a scenario measures: its stores on its nodes' devices, staged on
-    ``storage_backend`` with the scenario's storage latency emulated around every read, on SRC
-    or (without one) a dataset of the scenario's shape generated into OUT/data. The scenario
-    file is copied into OUT (the report reads it)."""
-    from trainfeed.benchmarks.synth import generate_volumes
-
-    out.mkdir(parents=True, exist_ok=True)
-    if src is None:
-        data = out / "data"
-        if not (data / "labels.csv").is_file():
-            if data.exists():
-                raise TrainfeedError(f"{data}: exists but holds no generated dataset (labels.csv); remove it")
-            log(f"scenario: generating {scenario.data_count} samples of "
-                f"{'x'.join(map(str, scenario.sample_shape))} into {data}")
-            generate_volumes(data, scenario.data_count, shape=scenario.sample_shape, seed=0, labels="csv")
-        src = str(data)
-    profile = out / "storage-profile.json"
-    save_object_store(scenario.storage, profile)
-    (out / SCENARIO_COPY).write_text(scenario.path.read_text())
-    labels = Path(src) / "labels.csv"
-    return MatrixConfig(src=src, out=str(out), labels_csv=str(labels) if labels.is_file() else None,
-                        stores=scenario.stores, nodes=tuple(dict.fromkeys(n.measure for n in scenario.nodes)),
-                        frameworks=(scenario.framework,), steps=scenario.steps, cpu_steps=scenario.cpu_steps,
-                        batch_size=scenario.batch_size, width=scenario.width, storage_profile=str(profile),
-                        storage_backend=storage_backend, storage_options=dict(storage_options or {}))

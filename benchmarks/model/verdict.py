@@ -3,12 +3,13 @@ in words with its figures and what removes it, and the checks that say when a ce
 are less than they seem."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from trainfeed.benchmarks.model.measured import layout_of, loader_of, machine_of, storage_of
+from trainfeed.benchmarks.model.measured import STAGES, layout_of, loader_of, machine_of, storage_of
 from trainfeed.benchmarks.model.projection import COMPUTE, DECODE, IO_CPU, LATENCY, Feed, Projection, feed, in_flight, project
 from trainfeed.benchmarks.model.profiles import ObjectStore
-from trainfeed.benchmarks.ab.stages import image_verdict
 
 
 def checks(cell: dict) -> list[str]:
@@ -106,3 +107,27 @@ def io_cpu_verdict(need: Feed, storage: ObjectStore, vcpus: int, rate: float) ->
             f"{need.samples_per_s:,.0f} samples/s = {need.gb_per_s:.2f} GB/s, which needs {need.describe()} where "
             f"this machine has {vcpus} -> {rate:,.0f} samples/s; give each device more vCPUs, or read fewer bytes "
             "per sample (compression, smaller dtype)"}
+
+
+def image_verdict(cell: dict, device_rate: float, reader_rate: float) -> dict:
+    """An image cell the projection model found read/decode-bound (its reader's CPU delivers
+    ``reader_rate`` samples/s, the device takes ``device_rate``): the stage that costs the most
+    CPU per sample, and what removes it."""
+    st = cell["stages"]
+    per_sample = sum(st[s] for s in STAGES)
+    need = math.ceil(device_rate * per_sample)
+    ms = {s: f"{st[s] * 1e3:.3f} ms" for s in STAGES}
+    costs = f"CPU per sample: read {ms['read']}, decode+resize {ms['decode']}, augment {ms['augment']}"
+    binding = max(STAGES, key=lambda s: st[s])
+    if binding == "augment":
+        return {"bottleneck": "augment", "advice": f"augmentation-bound: {ms['augment']} CPU per image to crop, "
+                f"resize and flip ({costs}); the reader delivers {reader_rate:,.0f} images/s, the device takes "
+                f"{device_rate:,.0f} and needs ~{need} vCPUs at this rate; augment on the GPU or add CPUs"}
+    if binding == "decode":
+        ratio = st["pixel_bytes_per_sample"] / st["stored_bytes_per_sample"]
+        return {"bottleneck": "decode", "advice": f"decode-bound: {ms['decode']} CPU per image to decode and resize "
+                f"({costs}); the reader delivers {reader_rate:,.0f} images/s, the device takes {device_rate:,.0f} "
+                f"and needs ~{need} vCPUs at this rate; store decoded pixels ({ratio:.1f}x the bytes) or add CPUs"}
+    return {"bottleneck": "decode", "advice": f"read-bound: {ms['read']} CPU per image to read and parse its bytes "
+            f"({costs}); the reader delivers {reader_rate:,.0f} images/s, the device takes {device_rate:,.0f} and "
+            f"needs ~{need} vCPUs at this rate; repack into files of ~128 MB (fewer, larger reads) or add CPUs"}

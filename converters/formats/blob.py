@@ -9,12 +9,14 @@ import numpy as np
 
 from trainfeed.converters.errors import TrainfeedError
 from trainfeed.converters.sources.labels import resolve_labels
-from trainfeed.converters.formats.layout import DatasetSchema
+from trainfeed.converters.layout import DatasetSchema
 from trainfeed.converters.formats.options import Columns, Pieces, ReadRequest, pick_field
 from trainfeed.converters.sources.samples import SchemaGuard, load_sample
 from trainfeed.converters.storage.location import locate
 from trainfeed.converters.storage.fetch import CachingFileSystem, open_fetcher
-from trainfeed.converters.sources.files import IMAGE, ImageOptions, SourceFile, is_local, list_source, read_bytes
+from trainfeed.converters.sources.listing import IMAGE, SourceFile, list_source, read_bytes
+from trainfeed.converters.sources.decode import ImageOptions
+from trainfeed.converters.storage.filesystems import is_local
 
 name = "blob"
 label = "small files"

@@ -26,14 +26,14 @@ from deltalake.transaction import AddAction, create_table_with_add_actions
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.redact import redact_url
-from trainfeed.converters.formats.layout import DATASET_META, ID, LABEL, DatasetSchema, arrow_schema, checked_schema, schema_from_arrow
+from trainfeed.converters.layout import DATASET_META, ID, LABEL, DatasetSchema, arrow_schema, checked_schema, schema_from_arrow
 from trainfeed.converters.formats.options import Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows, pick_field
 from trainfeed.converters.storage.location import Location, as_location
 from trainfeed.converters.formats.parquet import Part, file_pieces, ids_in, piece_file, row_group_samples, write_parts
 from trainfeed.converters.storage.upload import Uploader
 # A Delta table's files are Parquet: its codecs and its read side are Parquet's.
 from trainfeed.converters.formats.parquet import COMPRESSION_LEVELS, COMPRESSIONS, DEFAULT_COMPRESSION, UNIT, read_labels, read_piece  # noqa: F401
-from trainfeed.converters.sources.files import Sample
+from trainfeed.converters.sources.decode import Sample
 
 FORMAT = name = "delta"
 label = "Delta Lake"

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
-from trainfeed.converters.formats.layout import LABEL, SUPPORTED_DTYPES, DatasetSchema, FieldSpec
+from trainfeed.converters.layout import LABEL, SUPPORTED_DTYPES, DatasetSchema, FieldSpec
 
 ENCODINGS = ("auto", "npy", "raw", "list")
 NPY_MAGIC = b"\x93NUMPY"

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
-from trainfeed.converters.formats.layout import DatasetSchema, FieldSpec
+from trainfeed.converters.layout import DatasetSchema, FieldSpec
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 

@@ -19,14 +19,14 @@ import pyarrow.parquet as pq
 
 from trainfeed.converters import __version__
 from trainfeed.converters.errors import TrainfeedError
-from trainfeed.converters.formats.layout import (ID, LABEL, MANIFEST, DatasetSchema, FieldSpec, arrow_schema, checked_schema, from_record_batch,
+from trainfeed.converters.layout import (ID, LABEL, MANIFEST, DatasetSchema, FieldSpec, arrow_schema, checked_schema, from_record_batch,
                      is_count, to_record_batch)
 from trainfeed.converters.formats.options import (Columns, Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows, labels_array,
                       pick_field)
 from trainfeed.converters.storage.location import Location, as_location
 from trainfeed.converters.storage.fetch import Fetcher, RangeFile, open_fetcher
 from trainfeed.converters.storage.native import Identity
-from trainfeed.converters.sources.files import Sample
+from trainfeed.converters.sources.decode import Sample
 
 FORMAT = name = "parquet"
 label = "Parquet"

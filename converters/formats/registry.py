@@ -26,7 +26,7 @@ import h5py
 
 from trainfeed.converters.errors import UsageError
 from trainfeed.converters.formats import blob, delta, hdf5, parquet
-from trainfeed.converters.formats.layout import MANIFEST
+from trainfeed.converters.layout import MANIFEST
 from trainfeed.converters.storage.location import Location, as_location
 
 #: Data files a conversion to object storage uploads before its commit record: Parquet and

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from fsspec.exceptions import FSTimeoutError
 
 from trainfeed.converters.errors import TrainfeedError
-from trainfeed.converters.sources.files import SourceFile
+from trainfeed.converters.sources.listing import SourceFile
 from trainfeed.converters.storage.config import call_timeout, no_answer
 from trainfeed.converters.storage.filesystems import call, is_local, open_fs
 

@@ -14,8 +14,9 @@ import fsspec
 
 from trainfeed.converters.errors import SampleError
 from trainfeed.converters.sources.labels import Labels
-from trainfeed.converters.formats.layout import FieldSpec, RAW
-from trainfeed.converters.sources.files import IMAGE, ImageOptions, Sample, SourceFile, check_listed, encoded_dtype, field_encoding, read_sample
+from trainfeed.converters.layout import FieldSpec, RAW
+from trainfeed.converters.sources.listing import IMAGE, SourceFile, check_listed
+from trainfeed.converters.sources.decode import ImageOptions, Sample, encoded_dtype, field_encoding, read_sample
 
 
 def load_sample(fs: fsspec.AbstractFileSystem, kind: str, src: SourceFile, labels: Labels, image_opts: ImageOptions) -> Sample:

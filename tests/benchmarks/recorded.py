@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from trainfeed.benchmarks.ab.matrix import RESULTS_VERSION
+from trainfeed.benchmarks.ab.results import RESULTS_VERSION
 from trainfeed.benchmarks.model.verdict import checks, verdict
 from trainfeed.benchmarks.model.profiles import OBJECT_STORES
 

@@ -21,10 +21,11 @@ from numpy.lib import format as npformat
 from PIL import Image
 
 from trainfeed.converters.formats import parquet
-from trainfeed.converters.sources import files as sources
+from trainfeed.converters.sources import decode as sources
 from trainfeed.converters.sources.labels import Labels
 from trainfeed.converters.sources.samples import load_sample
-from trainfeed.converters.sources.files import ImageOptions, list_source
+from trainfeed.converters.sources.listing import list_source
+from trainfeed.converters.sources.decode import ImageOptions
 from trainfeed.converters.formats.registry import FORMATS
 from trainfeed.converters.verify import reference_sample, same_value
 from tests.conftest import write_volumes
@@ -393,7 +394,7 @@ def test_npy_headers_parse_safely_from_many_threads():
         import gc, io, sys, time
         from concurrent.futures import ThreadPoolExecutor
         import numpy as np
-        from trainfeed.converters.sources.files import decode_npy
+        from trainfeed.converters.sources.decode import decode_npy
         buf = io.BytesIO(); np.save(buf, np.arange(900, dtype=np.float32).reshape(30, 30))
         data = buf.getvalue()
         sys.setswitchinterval(1e-6); gc.set_threshold(5); gc.callbacks.append(lambda *a: time.sleep(0))

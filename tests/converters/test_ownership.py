@@ -19,7 +19,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from trainfeed.converters.formats import delta, hdf5
 from trainfeed.converters.commit import DestinationLock
-from trainfeed.converters.formats.layout import MANIFEST
+from trainfeed.converters.layout import MANIFEST
 from trainfeed.converters.formats.registry import FORMATS
 from tests.conftest import write_images, write_volumes
 from tests.converters.test_bad_input import tree_digest

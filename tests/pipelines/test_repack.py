@@ -133,7 +133,7 @@ def test_a_reject_with_on_error_fail_leaves_nothing(tmp_path, spark):
 
 
 def test_tasks_are_runs_of_consecutive_ids_of_about_the_target_size():
-    from trainfeed.converters.sources.files import SourceFile
+    from trainfeed.converters.sources.listing import SourceFile
     from trainfeed.pipelines.repack_tasks import plan_tasks
 
     files = [SourceFile(f"v{i:03d}", f"/d/v{i:03d}.npy", size) for i, size in enumerate([40, 40, 40, 100, 10, 10])]
@@ -149,7 +149,8 @@ def test_task_attempts_write_apart(tmp_path):
 
     from trainfeed.converters.sources.labels import Labels
     from trainfeed.converters.formats.options import WriteOptions
-    from trainfeed.converters.sources.files import ImageOptions, list_source
+    from trainfeed.converters.sources.decode import ImageOptions
+    from trainfeed.converters.sources.listing import list_source
     from trainfeed.converters.sources.samples import SchemaGuard, load_sample
     from trainfeed.pipelines import repack
     from trainfeed.pipelines.repack_tasks import ATTEMPTS, TaskContext, run_task
@@ -174,7 +175,7 @@ def test_task_attempts_write_apart(tmp_path):
 
 
 def test_small_datasets_are_spread_over_every_core():
-    from trainfeed.converters.sources.files import SourceFile
+    from trainfeed.converters.sources.listing import SourceFile
     from trainfeed.pipelines.repack import task_bytes
 
     files = [SourceFile(f"v{i}", f"/d/v{i}.npy", 1000) for i in range(100)]
@@ -281,7 +282,7 @@ def test_table_names(name, quoted):
 
 def test_only_a_table_trainfeed_committed_to_is_replaced():
     from trainfeed.converters.formats import delta as delta_format
-    from trainfeed.converters.formats.layout import DatasetSchema
+    from trainfeed.converters.layout import DatasetSchema
     from trainfeed.pipelines.repack import check_table
 
     ours = {"version": 0, "userMetadata": delta_format.user_metadata(DatasetSchema(fields=[], labeled=False))}

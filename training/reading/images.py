@@ -24,9 +24,9 @@ import numpy as np
 from PIL import Image
 
 from trainfeed.converters.errors import SampleError, TrainfeedError
-from trainfeed.converters.formats.layout import RAW, FieldSpec
+from trainfeed.converters.layout import RAW, FieldSpec
 from trainfeed.converters.formats.options import Columns
-from trainfeed.converters.sources.files import _IMAGE_ERRORS, _in_mode, _pixel_array, _undecodable, exact_pixels
+from trainfeed.converters.sources.decode import _IMAGE_ERRORS, _in_mode, _pixel_array, _undecodable, exact_pixels
 
 #: Random resized crop: a crop covering this fraction of the image's area, at an aspect ratio
 #: (width / height) in CROP_RATIO, resized to the output size. Torchvision's lower bound, 0.08,

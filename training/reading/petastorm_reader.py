@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import numpy as np
 
 from trainfeed.converters.errors import TrainfeedError
-from trainfeed.converters.formats.layout import ID, LABEL, FieldSpec, decode_tensor
+from trainfeed.converters.layout import ID, LABEL, FieldSpec, decode_tensor
 from trainfeed.converters.formats.options import labels_array
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ import numpy as np
 
 from trainfeed.converters.formats import foreign_table
 from trainfeed.converters.formats.foreign import ForeignSchema
-from trainfeed.converters.formats.layout import DatasetSchema, FieldSpec
+from trainfeed.converters.layout import DatasetSchema, FieldSpec
 from trainfeed.converters.formats.registry import FORMATS as REGISTRY
 from trainfeed.converters.storage import fetch
 from trainfeed.training.reading import images

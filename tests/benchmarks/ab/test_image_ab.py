@@ -7,7 +7,7 @@ import csv
 
 import pytest
 
-from trainfeed.benchmarks.ab.matrix import id_label_digest
+from trainfeed.benchmarks.ab.measure import id_label_digest
 from trainfeed.benchmarks.model.measured import layout_of, loader_of, machine_of, storage_of
 from trainfeed.benchmarks.model.projection import project
 from trainfeed.benchmarks.model.verdict import BELOW_MODEL, verdict

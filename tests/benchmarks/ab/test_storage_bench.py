@@ -40,7 +40,7 @@ def tiny_dataset(tmp_path_factory):
 
 def source_digest(folder) -> str:
     """The digest of every (id, label) pair of a generated dataset, from its files and labels.csv."""
-    from trainfeed.benchmarks.ab.matrix import id_label_digest
+    from trainfeed.benchmarks.ab.measure import id_label_digest
 
     with open(folder / "labels.csv") as fh:
         labels = {row["id"]: int(row["label"]) for row in csv.DictReader(fh)}
@@ -245,17 +245,17 @@ def test_azurite_port_taken_is_a_clear_error():
 
 
 def test_partially_failed_matrix_keeps_completed_cells(tiny_dataset, tmp_path, monkeypatch):
-    from trainfeed.benchmarks.ab import matrix
+    from trainfeed.benchmarks.ab import matrix, measure
     from trainfeed.converters.errors import TrainfeedError
 
-    real = matrix.emulated_run
+    real = measure.emulated_run
 
     def flaky(path, *args, **kwargs):
         if "hdf5" in str(path):
             raise TrainfeedError("disk on fire (injected)")
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(matrix, "emulated_run", flaky)
+    monkeypatch.setattr(matrix, "emulated_run", flaky)  # where _measure_cell looks it up
     res = bench_cli("run", tiny_dataset, "--out", tmp_path / "o", "--nodes", "t4", "--stores", "parquet,hdf5",
                     "--json", *TINY)
     assert res.exit_code == 0, res.stderr
@@ -293,7 +293,7 @@ def test_url_backend_holding_the_source_stages_the_stores_beside_it(azurite_serv
     (loc,) = [r for r in records if r["kind"] == "location-effect"]
     assert loc["local_copy"] == str(out / "local-copy" / "parquet")
     # 4 steps of 8 read 32 samples: the whole dataset, with the labels of the remote CSV
-    from trainfeed.benchmarks.ab.matrix import id_label_digest
+    from trainfeed.benchmarks.ab.measure import id_label_digest
 
     labels = dict(line.split(",") for line in (src / "labels.csv").read_text().splitlines()[1:])
     expected = id_label_digest(labels.items())

@@ -13,7 +13,7 @@ from trainfeed.benchmarks.model.advice import build_advice, plan_for
 from trainfeed.benchmarks.model.catalog import DbuRate, Instance
 from trainfeed.benchmarks.model.cost import Workload
 from trainfeed.benchmarks.model.projection import Loader
-from trainfeed.benchmarks.model.scenario import load_scenario
+from trainfeed.benchmarks.model.scenario import SCENARIO_COPY, load_scenario
 from trainfeed.converters.errors import TrainfeedError
 
 from tests.benchmarks.recorded import cell
@@ -160,8 +160,8 @@ def test_report_of_a_scenario_run_writes_reference_json(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "results.jsonl").write_text("".join(json.dumps(c) + "\n" for c in measured()))
-    (out / report.SCENARIO_COPY).write_text(SCENARIO.replace('"gpu-box"', '"Standard_NC4as_T4_v3"')
-                                            .replace('"cpu-box"', '"Standard_D16s_v3"'))
+    (out / SCENARIO_COPY).write_text(SCENARIO.replace('"gpu-box"', '"Standard_NC4as_T4_v3"')
+                                     .replace('"cpu-box"', '"Standard_D16s_v3"'))
     info = report.build(str(out))
     rows = json.loads((out / "reference.json").read_text())
     assert [(r["node"], r["store"], r["reference_s"]) for r in rows] == [("GPU node", "delta", 600),

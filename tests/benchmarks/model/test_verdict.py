@@ -1,4 +1,4 @@
-"""Every branch of `matrix.verdict`, one recorded cell each, every figure worked out by hand from
+"""Every branch of `verdict.verdict`, one recorded cell each, every figure worked out by hand from
 the projection model: a changed model, threshold, branch order or advice fails a row.
 
 Defaults of a recorded cell: batch 10, 4 vCPUs, 4 reader threads, 8 requests in flight."""
@@ -54,7 +54,7 @@ ROWS = [
     ("decode, threads capped by vCPUs", cell(compute=1000, cpu_ms=10, real=199, cores=2), "decode",
      "read/decode-bound: 10.00 ms of CPU per sample on 2 thread(s) -> 200 samples/s, the device takes 1,000; needs "
      "~10 vCPUs busy reading per device (more --workers on more vCPUs), or offload preprocessing to CPU workers"),
-    # images: the same decode limit, broken down by stage (stages.image_verdict)
+    # images: the same decode limit, broken down by stage (verdict.image_verdict)
     ("decode, images", cell(compute=1000, cpu_ms=10, real=390, stages=STAGES), "decode",
      "decode-bound: 4.000 ms CPU per image to decode and resize (CPU per sample: read 0.100 ms, decode+resize "
      "4.000 ms, augment 1.000 ms); the reader delivers 400 images/s, the device takes 1,000 and needs ~6 vCPUs at "

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from trainfeed.converters.formats import delta, parquet
-from trainfeed.converters.formats.layout import decode_tensor
+from trainfeed.converters.layout import decode_tensor
 from tests.conftest import write_volumes
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainfeed.converters.formats.layout import DatasetSchema, FieldSpec
+from trainfeed.converters.layout import DatasetSchema, FieldSpec
 from trainfeed.converters.formats.options import ReadRequest, WriteOptions
-from trainfeed.converters.sources.files import Sample
+from trainfeed.converters.sources.decode import Sample
 from trainfeed.converters.formats.registry import FORMATS, WRITABLE, detect_format
 
 READ_SIDE = ("name", "label", "writable", "UNIT", "list_pieces", "read_piece", "read_labels", "piece_file")

@@ -1,0 +1,204 @@
+"""How one cell is measured, three ways: compute-only (synthetic batches already in memory),
+ingest-only (the reader, no model) and the real run (the reader feeding the step)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from trainfeed.training.config import TrainConfig
+from trainfeed.training.metrics import StepTimer, UtilizationSampler, record
+from trainfeed.training.reading.prefetch import Prefetcher
+from trainfeed.training.reading.readers import Batch, ReaderOptions, iter_batches, open_store
+
+from trainfeed.benchmarks.ab.config import MatrixConfig
+from trainfeed.benchmarks.ab.hostload import LoadMonitor
+from trainfeed.benchmarks.ab.storage import StoreSource
+
+#: Ingest-only reads a store to the end of its epoch when it holds at most this many times the
+#: samples the timed window read: the reader may have read that much ahead already.
+FULL_PASS_FACTOR = 4
+
+
+class ReadTally:
+    """What a reader delivered: samples, bytes, and a digest of its (id, label) pairs."""
+
+    def __init__(self):
+        self.samples = self.nbytes = 0
+        self._pairs: list[tuple[str, int]] = []
+
+    def add(self, batch: Batch) -> None:
+        self.samples += len(batch.ids)
+        self.nbytes += batch.nbytes
+        self._pairs += zip(batch.ids, batch.y.tolist())
+
+    @property
+    def digest(self) -> str:
+        return id_label_digest(self._pairs)
+
+
+def id_label_digest(pairs: Iterable[tuple[str, int]]) -> str:
+    """sha256 of the sorted "id<TAB>label" lines: the same samples read in any order, from any
+    store, give the same digest."""
+    return hashlib.sha256("\n".join(sorted(f"{i}\t{int(y)}" for i, y in pairs)).encode()).hexdigest()
+
+
+def _no_step(done: int) -> None:
+    """The default step callback: no progress display."""
+
+
+def ingest_only(src: StoreSource, opts: ReaderOptions, steps: int, on_step: Callable[[int], None] = _no_step) -> dict:
+    """The reader alone for ``steps`` batches after a warm-up batch (as the real run's first step
+    is warm-up): its wall rate over the timed window, and what the projection model uses — the
+    process CPU-seconds and, behind the latency emulation, the requests and bytes per sample,
+    counted from opening the store to the end of the pass. A store small enough to be read ahead
+    into memory during the warm-up is read to the end of its epoch, so that every sample read is
+    a sample counted (a busy machine stretches wall time far more than CPU time)."""
+    requests = _request_counter(src)
+    if requests:
+        requests.reset_stats()
+    cpu_open = time.process_time()
+    store = open_store(src.path, src.fmt, opts)
+    tally = ReadTally()  # every sample read, the warm-up batch too: the digest covers them all
+    batches = iter_batches(store, opts)
+    first = next(batches, None)  # warm-up: opening, the first requests, filling the shuffle buffer
+    if first is not None:
+        tally.add(first)
+    with LoadMonitor(include_children=True) as load:
+        t0 = time.perf_counter()
+        for i, batch in enumerate(batches, 1):
+            tally.add(batch)
+            on_step(i + 1)
+            if i >= steps - 1:  # steps in all, the warm-up batch included, as in the real run
+                break
+        seconds = time.perf_counter() - t0
+    timed = tally.samples - (len(first.ids) if first is not None else 0)
+    timed_bytes = tally.nbytes - (first.nbytes if first is not None else 0)
+    if store.samples <= FULL_PASS_FACTOR * tally.samples:
+        for batch in batches:
+            tally.add(batch)
+    cpu_s = time.process_time() - cpu_open
+    return {"samples_per_s": timed / seconds if seconds and timed else None,
+            "mb_per_s": timed_bytes / seconds / 1e6 if seconds and timed else None, "samples": tally.samples,
+            "timed_samples": timed, "seconds": seconds, "cpu_s": cpu_s,
+            "cpu_s_per_sample": cpu_s / tally.samples if tally.samples else None,
+            "requests": requests.stats() if requests else None, "ids_labels_sha256": tally.digest,
+            "load": load.summary()}
+
+
+def _request_counter(src: StoreSource):
+    """The emulated storage's client (its request counters), None for storage as it is."""
+    if not src.path.startswith("emulated://"):
+        return None
+    import fsspec
+
+    return fsspec.filesystem("emulated", **src.storage_options)
+
+
+def compute_only_torch(shape, batch: int, width: int, steps: int, device: str = "cpu",
+                       amp: bool = False) -> tuple[float, float]:
+    """Median seconds of a real training step on synthetic data already on the device, and the
+    process CPU-seconds per step (after the first)."""
+    import torch
+
+    from trainfeed.training.models.resnet_torch import build
+
+    dev = torch.device(device)
+    model = build(tuple(shape), 1, width).to(dev)
+    opt = torch.optim.Adam(model.parameters())
+    x = torch.randn(batch, *shape, device=dev)
+    y = torch.randint(0, 2, (batch,), device=dev).float()
+    times, cpu = [], []
+    for _ in range(steps):
+        t0, c0 = time.perf_counter(), time.process_time()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
+            out = model(x)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(out[:, 0].float(), y)
+        loss.backward()
+        opt.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return float(np.median(times[1:])), float(np.mean(cpu[1:]))
+
+
+def compute_only_tf(shape, batch: int, width: int, steps: int) -> tuple[float, float]:
+    """As ``compute_only_torch``, for the Keras model."""
+    import keras
+    import tensorflow as tf
+
+    from trainfeed.training.models.resnet_tf import build
+
+    model = build(tuple(shape), 1, width)
+    opt = keras.optimizers.Adam()
+    x = tf.random.normal((batch, *shape))
+    y = tf.cast(tf.random.uniform((batch, 1)) > 0.5, tf.float32)
+    loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    times, cpu = [], []
+    for _ in range(steps):
+        t0, c0 = time.perf_counter(), time.process_time()
+        step().numpy()
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return float(np.median(times[1:])), float(np.mean(cpu[1:]))
+
+
+def emulated_run(src: StoreSource, opts: ReaderOptions, step_s: float, steps: int, out_dir: Path,
+                 on_step: Callable[[int], None] = _no_step) -> dict:
+    """The real reader feeds a step that occupies the (emulated) accelerator for ``step_s``:
+    the host is free meanwhile, as with a real GPU."""
+    store = open_store(src.path, src.fmt, opts)
+    timer = StepTimer(warmup_steps=1)
+    util_path = out_dir / "utilization.jsonl"
+    tally = ReadTally()
+    with (open(util_path, "w") as fh, UtilizationSampler(sink=lambda r: fh.write(json.dumps(r) + "\n")) as util,
+          LoadMonitor(include_children=True) as load):
+        prefetch = Prefetcher(iter_batches(store, opts), lambda b: None, depth=2)
+        try:
+            for step in range(1, steps + 1):
+                item, wait = prefetch.get()
+                if item is None:
+                    break
+                batch, _ = item
+                tally.add(batch)
+                t0 = time.perf_counter()
+                time.sleep(step_s)
+                record(timer, step, 0, wait, time.perf_counter() - t0, len(batch.ids), batch.nbytes)
+                on_step(step)
+        finally:
+            prefetch.close()
+    return {**timer.summary(), "samples_read": tally.samples, "ids_labels_sha256": tally.digest,
+            "utilization": util.summary(), "utilization_timeline": util.samples, "load": load.summary()}
+
+
+def real_cpu_run(src: StoreSource, cfg: MatrixConfig, framework: str, out_dir: Path, device: str = "cpu",
+                 image_size: tuple[int, int] | None = None) -> dict:
+    from trainfeed.training.cli import run
+
+    tcfg = TrainConfig(data=src.path, fmt=src.fmt, framework=framework,
+                       device=device, batch_size=cfg.batch_size, steps_per_epoch=cfg.cpu_steps, epochs=1,
+                       workers=cfg.workers, io_concurrency=cfg.io_concurrency, pool="arrow", width=cfg.width,
+                       out=str(out_dir), labels_csv=src.labels_csv,
+                       shuffle_buffer=2 * cfg.batch_size,
+                       storage_options=src.storage_options, progress=False, amp=cfg.amp,
+                       image_size=image_size, augment=False)
+    with LoadMonitor(include_children=True) as load:
+        summary = run(tcfg)
+    timeline = [json.loads(line) for line in (out_dir / "utilization.jsonl").read_text().splitlines()]
+    return {**{k: summary[k] for k in ("steps", "samples", "wall_s", "data_wait_s", "compute_s", "samples_per_s",
+                                       "mb_per_s", "stall_fraction", "au", "compute_step_s")},
+            "utilization": summary["utilization"], "utilization_timeline": timeline, "load": load.summary()}

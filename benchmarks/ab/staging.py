@@ -1,0 +1,105 @@
+"""Staging the stores a matrix compares: every store on the one storage backend, opened as the
+cells will read it, with the reader options and connection budget every cell shares."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from trainfeed.converters.errors import UsageError
+from trainfeed.converters.redact import redact
+from trainfeed.converters.sources.decode import ImageOptions
+from trainfeed.training.reading.readers import ReaderOptions, open_store
+
+from trainfeed.benchmarks.ab.config import CELL_ERRORS, MatrixConfig
+from trainfeed.benchmarks.ab.stages import stage_costs
+from trainfeed.benchmarks.model.measured import STAGES
+from trainfeed.benchmarks.ab.storage import Backend, StoreSource, stage_small_files, stage_store
+
+@dataclass(frozen=True)
+class Staged:
+    """One store staged on the backend: its URL there, how the cells read it, the samples its
+    batches deliver (shape, bytes), how it holds images (None: no images) and, for image
+    stores, the CPU cost of each stage (``stages.stage_costs``)."""
+
+    url: str
+    source: StoreSource
+    shape: tuple[int, ...]
+    sample_bytes: int
+    image_storage: str | None = None
+    stages: dict | None = None
+
+
+def store_variants(cfg: MatrixConfig, images: bool) -> dict[str, tuple[str, str | None]]:
+    """The stores the matrix compares, name -> (format, image storage). An image folder gives
+    one compacted store per format and --image-storage, named FORMAT-STORAGE (parquet-encoded,
+    parquet-decoded); the small files keep their name, blob (encoded images)."""
+    if not images:
+        return {name: (name, None) for name in cfg.stores}
+    return {(name if name == "blob" else f"{name}-{storage}"): (name, "encoded" if name == "blob" else storage)
+            for name in cfg.stores for storage in (("encoded",) if name == "blob" else cfg.image_storage)}
+
+
+def stage_stores(cfg: MatrixConfig, backend: Backend, log: Callable[[str], None]) -> tuple[list, dict, dict]:
+    """Stage every store on the backend and open it as the cells will: the store names in
+    order (``store_variants``), name -> Staged for those that open, name -> the redacted reason
+    for those that do not (their cells fail, the others run). The compacted stores are
+    converted from the small files as staged."""
+    try:
+        small_files, labels = stage_small_files(cfg.src, cfg.labels_csv, cfg.storage_options, backend, log)
+    except CELL_ERRORS as exc:
+        reason = redact(exc)
+        log(f"stage small files: failed: {reason}")
+        return list(cfg.stores), {}, dict.fromkeys(cfg.stores, reason)
+    blob = backend.source(small_files, "blob", labels)
+    try:
+        images = open_store(blob.path, blob.fmt, reader_options(cfg, blob)).images is not None
+    except UsageError:
+        raise
+    except CELL_ERRORS:
+        images = None  # unknown: the small files do not open; the loop below records why, store by store
+    if cfg.resize and images is False:
+        raise UsageError(f"--resize: {cfg.src} holds no JPEG/PNG images")
+    variants = store_variants(cfg, bool(images))
+    opened, failed = {}, {}
+    for name, (fmt, storage) in variants.items():
+        try:
+            image = ImageOptions(resize=cfg.resize, storage=storage or "encoded")
+            url = small_files if fmt == "blob" else stage_store(fmt, small_files, labels, backend, log, name, image)
+            src = blob if fmt == "blob" else backend.source(url, fmt)
+            store = open_store(src.path, src.fmt, reader_options(cfg, src))
+            spec = store.sample_spec
+            stages = _logged_stages(log, name, store) if images else None
+        except UsageError:
+            raise
+        except CELL_ERRORS as exc:
+            failed[name] = redact(exc)
+            log(f"stage {name}: failed: {failed[name]}")
+        else:
+            opened[name] = Staged(url, src, tuple(spec.shape), int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize,
+                                  storage, stages)
+    return list(variants), opened, failed
+
+
+def _logged_stages(log: Callable[[str], None], name: str, store) -> dict:
+    costs = stage_costs(store)
+    log(f"stages {name}: CPU per sample " + ", ".join(f"{s} {costs[s] * 1e3:.3f} ms" for s in STAGES)
+        + f" ({costs['samples']} samples)")
+    return costs
+
+
+def reader_options(cfg: MatrixConfig, src: StoreSource) -> ReaderOptions:
+    # a shuffle buffer of two batches: a larger one would make the first step read far ahead
+    # and the short measured window flow from memory; no disk cache: every cell reads the storage
+    return ReaderOptions(batch_size=cfg.batch_size, workers=cfg.workers, io_concurrency=cfg.io_concurrency,
+                         shuffle=True, seed=0, shuffle_buffer=2 * cfg.batch_size, pool="arrow",
+                         labels_csv=src.labels_csv, storage_options=src.storage_options, image_size=cfg.resize)
+
+
+def connections(cfg: MatrixConfig, backend: Backend) -> dict:
+    """The connection budget every cell reads with, whatever the layout: ``workers`` reader
+    threads and, on object storage or behind the emulation, ``io_concurrency`` range requests
+    in flight for the whole reader. Local reads as they are have no request budget: None."""
+    remote = backend.kind != "local" or bool(backend.profile)
+    return {"reader_workers": cfg.workers, "io_concurrency": cfg.io_concurrency if remote else None}

@@ -1,0 +1,240 @@
+"""HDF5 store, write side: the samples' batches into one HDF5 file or a folder of shards and their
+manifest, with Ctrl-C held back and disk errors kept out of HDF5 while it writes (see hdf5.py)."""
+from __future__ import annotations
+
+import functools
+import io
+import signal
+import threading
+from contextlib import suppress
+from pathlib import Path
+from typing import Callable, Iterator, TypeVar
+
+import h5py
+import numpy as np
+
+from trainfeed.converters.layout import DATASET_META, ID, LABEL, DatasetSchema, FieldSpec
+from trainfeed.converters.formats.options import WriteOptions, WriteResult
+from trainfeed.converters.formats.parquet import WRITER, write_manifest
+from trainfeed.converters.sources.decode import Sample
+
+FORMAT = "hdf5"
+SUFFIXES = (".h5", ".hdf5")
+SHARD = "shard-{:05d}.h5"
+
+
+def is_single_file(path) -> bool:
+    return Path(path).suffix.lower() in SUFFIXES
+
+
+def _compression(opts: WriteOptions) -> dict:
+    if opts.compression == "none":
+        return {}
+    if opts.compression == "gzip":
+        return {"compression": "gzip", "compression_opts": 4 if opts.compression_level is None else opts.compression_level}
+    return {"compression": opts.compression}
+
+
+class _Sink(io.RawIOBase):
+    """The OS file under an h5py.File (h5py's file-object driver). A failed write (a full
+    disk) is not raised inside HDF5, which cannot recover from it (the interpreter then
+    crashes at exit): it is kept in ``error``, later writes are dropped so that the file
+    can still be closed, and ``check()`` raises it. The file is only ever a staging copy,
+    deleted after a failure."""
+
+    def __init__(self, path: Path):
+        self.file = open(path, "w+b", buffering=0)  # noqa: SIM115 - closed by close()
+        self.error: OSError | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self.file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.file.tell()
+
+    def readinto(self, buffer) -> int:
+        return self.file.readinto(buffer)
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        size = view.nbytes
+        try:
+            while self.error is None and view.nbytes:  # a write to a nearly full disk may be partial
+                view = view[self.file.write(view):]
+        except OSError as exc:
+            self.error = exc
+        return size
+
+    def truncate(self, size: int | None = None) -> int:
+        if self.error is None:
+            try:
+                return self.file.truncate(size)
+            except OSError as exc:
+                self.error = exc
+        return self.tell() if size is None else size
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        self.file.close()
+        super().close()
+
+
+F = TypeVar("F", bound=Callable)
+
+
+def _ctrl_c_after(fn: F) -> F:
+    """Run ``fn`` with Ctrl-C held back until it returns. Through the file-object driver HDF5
+    calls Python (``_Sink``); a KeyboardInterrupt raised there leaves HDF5 in a state that
+    crashes the interpreter."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            return fn(*args, **kwargs)  # signals are only handled in the main thread
+        caught: list[int] = []
+        previous = signal.signal(signal.SIGINT, lambda signum, _frame: caught.append(signum))
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            if caught:
+                signal.raise_signal(signal.SIGINT)  # now, with the usual handler
+
+    return wrapper  # type: ignore[return-value]
+
+
+class _File:
+    """One HDF5 file being filled; datasets grow along axis 0 as batches arrive."""
+
+    def __init__(self, path: Path, schema: DatasetSchema):
+        self.path, self.schema = path, schema
+        self.rows = 0
+        self.sink: _Sink | None = None
+        self.h5: h5py.File | None = None
+
+    @_ctrl_c_after
+    def open(self, opts: WriteOptions) -> None:
+        self.sink = _Sink(self.path)
+        self.h5 = h5py.File(self.sink, "w")
+        self.h5.create_dataset(ID, shape=(0,), maxshape=(None,), dtype=h5py.string_dtype("utf-8"), chunks=(4096,))
+        if self.schema.labeled:
+            self.h5.create_dataset(LABEL, shape=(0,), maxshape=(None,), dtype="int64", chunks=(4096,))
+        for spec in self.schema.fields:
+            self._create(spec, opts)
+
+    def _create(self, spec: FieldSpec, opts: WriteOptions) -> None:
+        if not spec.is_raw:
+            self.h5.create_dataset(spec.name, shape=(0,), maxshape=(None,), dtype=h5py.vlen_dtype(np.uint8),
+                                   chunks=(64,), **_compression(opts))
+            self.h5[spec.name].attrs["encoding"] = spec.encoding
+            return
+        per_chunk = max(1, opts.hdf5_chunk_size // max(1, spec.sample_nbytes))
+        self.h5.create_dataset(spec.name, shape=(0, *spec.shape), maxshape=(None, *spec.shape), dtype=spec.dtype,
+                               chunks=(per_chunk, *spec.shape), **_compression(opts))
+
+    @_ctrl_c_after
+    def append(self, batch: list[Sample]) -> None:
+        n0, n1 = self.rows, self.rows + len(batch)
+        columns: dict[str, object] = {ID: np.array([s.id for s in batch], dtype=object)}
+        if self.schema.labeled:
+            columns[LABEL] = np.array([s.label for s in batch], dtype=np.int64)
+        for spec in self.schema.fields:
+            vals = [s.fields[spec.name] for s in batch]
+            if spec.is_raw:
+                columns[spec.name] = np.stack(vals)
+            else:
+                col = np.empty(len(vals), dtype=object)
+                col[:] = [np.frombuffer(v, dtype=np.uint8) for v in vals]
+                columns[spec.name] = col
+        for name, values in columns.items():
+            ds = self.h5[name]
+            ds.resize(n1, axis=0)
+            if h5py.check_vlen_dtype(ds.dtype) == np.uint8:
+                # encoded images: h5py's slice assignment takes byte strings of one length
+                # for a 2-D array and refuses them; write_direct keeps them one per sample
+                ds.write_direct(values, dest_sel=np.s_[n0:n1])
+            else:
+                ds[n0:n1] = values
+        self.sink.check()
+        self.rows = n1
+
+    @_ctrl_c_after
+    def close(self, schema: DatasetSchema | None) -> None:
+        """Close the file; with ``schema``, first mark it complete (written by trainfeed)."""
+        try:
+            if schema is not None:
+                self.h5.attrs[DATASET_META] = schema.to_json()
+                self.h5.attrs["writer"] = WRITER
+        finally:
+            for handle in (self.h5, self.sink):
+                if handle is not None:
+                    handle.close()
+        if self.sink is not None:
+            self.sink.check()
+
+
+def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
+          on_part: Callable[[str], None] | None = None, *, single_file: bool | None = None) -> WriteResult:
+    """Write every batch; as a single file, or as shards that roll over at the target size.
+    ``on_part(name)``: called for each shard once complete (at the end: every shard records
+    the final sample count)."""
+    path = Path(path)
+    single = is_single_file(path) if single_file is None else single_file
+    if not single:
+        path.mkdir(parents=True)
+    shards: list[dict] = []
+    files: list[_File] = []
+    current: _File | None = None
+    bytes_in_shard = 0
+    try:
+        for batch in batches:
+            if current is None:
+                target = path if single else path / SHARD.format(len(shards))
+                current = _File(target, schema)
+                files.append(current)  # closed whatever happens next
+                current.open(opts)
+                shards.append({"file": target.name, "rows": 0})
+                bytes_in_shard = 0
+            current.append(batch)
+            shards[-1]["rows"] = current.rows
+            bytes_in_shard += sum(s.nbytes for s in batch)
+            if not single and bytes_in_shard >= opts.target_file_size:
+                current = None
+        schema.samples = sum(s["rows"] for s in shards)
+    except BaseException:
+        with suppress(Exception):  # the first error is the one to report
+            _close_all(files, None)  # an incomplete file gets no trainfeed mark
+        raise
+    _close_all(files, schema)
+    out = [str(path)] if single else [str(path / s["file"]) for s in shards]
+    result = WriteResult(out, sum(Path(f).stat().st_size for f in out), {"shards": len(out)})
+    if not single:
+        write_manifest(path, FORMAT, schema, shards)
+        for shard in shards if on_part else ():
+            on_part(shard["file"])
+    return result
+
+
+def _close_all(files: list[_File], schema: DatasetSchema | None) -> None:
+    """Close every file even when one fails (an HDF5 file left open crashes the interpreter
+    at exit); then raise the first error."""
+    error = None
+    for f in files:
+        try:
+            f.close(schema)
+        except Exception as exc:  # noqa: BLE001 - re-raised below
+            error = error or exc
+    if error is not None:
+        raise error
