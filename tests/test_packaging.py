@@ -14,6 +14,8 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
+import shutil
+
 import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
@@ -29,10 +31,34 @@ def pip(python: str | Path, *args: str, env: dict | None = None) -> subprocess.C
     return subprocess.run([str(python), "-m", "pip", *args], capture_output=True, text=True, env=env)
 
 
+def clean_checkout(dst: Path) -> Path:
+    """The files a clean checkout holds (tracked, or new and not ignored), copied to ``dst``: a
+    wheel built in the working tree would also take what an earlier build left in build/
+    (modules since moved or removed)."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (dst / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dst / name)
+    return dst
+
+
+def package_sources() -> set[str]:
+    """The modules the wheel must hold, named as installed: pyproject's package-dir mapping applied
+    to the .py files of the source tree."""
+    import tomllib
+
+    dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    return {f"{package.replace('.', '/')}/{path.name}" for package, folder in dirs.items()
+            for path in (ROOT / folder).glob("*.py")}
+
+
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    res = pip(sys.executable, "wheel", "--no-deps", "-q", "--wheel-dir", str(out), str(ROOT))
+    src = clean_checkout(tmp_path_factory.mktemp("checkout"))
+    res = pip(sys.executable, "wheel", "--no-deps", "-q", "--wheel-dir", str(out), str(src))
     assert res.returncode == 0, res.stderr
     (whl,) = out.glob("trainfeed-*.whl")
     return whl
@@ -45,6 +71,7 @@ def test_the_wheel_installs_one_top_level_package(wheel):
     subpackages = {n.split("/")[1] for n in names if n.count("/") == 2 and n.endswith("/__init__.py")}
     assert subpackages == {"converters", "training", "benchmarks", "pipelines"}
     assert "trainfeed/py.typed" in names
+    assert {n for n in names if n.endswith(".py")} == package_sources()  # every module, nothing stale
     assert zipfile.ZipFile(wheel).read(f"{dist_info}/top_level.txt").decode().split() == ["trainfeed"]
 
 

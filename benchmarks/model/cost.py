@@ -1,5 +1,5 @@
-"""Time and cost of the user's full workload on each instance of the catalog: ``model.project``
-of the quantities measured here (see model.py), priced per hour and per job.
+"""Time and cost of the user's full workload on each instance of the catalog: ``projection.project``
+of the quantities measured here (see projection.py), priced per hour and per job.
 
 The measured quantities travel to an instance as they are, except where the instance differs
 from this machine: its vCPUs (the reader's threads are capped by them), its GPUs (their step

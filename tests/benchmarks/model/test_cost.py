@@ -1,5 +1,5 @@
 """`cost.project_catalog` and `cost.recommend` on a small catalog, every figure worked out by hand
-from the projection model (model.py).
+from the projection model (projection.py).
 
 The measured store, parquet on local disk (no request cost): the reader spends 40 ms of CPU a
 sample (4 threads). A T4 step of batch 10 is FLOPs / (8.1 TFLOPS x 35%) = 0.5 s: 20 samples/s per
