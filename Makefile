@@ -44,10 +44,15 @@ $(PS_VENV)/.installed: pyproject.toml constraints/petastorm.txt
 	$(call make_venv,python3.11,$(PS_VENV),constraints/petastorm.txt,$(PS_EXTRAS))
 	touch $@
 
+# One pytest process per core, at most 4 (each may start a Spark JVM and TensorFlow); a test
+# file stays in one process, so its module fixtures (servers, Spark sessions) start once.
+# PYTEST_WORKERS=0 runs in this process.
+PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
+
 # pytest exits 5 when it selects no test; that is fine only when PYTEST_ARGS narrowed the run
 # to tests of the other environment.
 define pytest_in
-	$(1) -m pytest -m "$(2)" $(PYTEST_ARGS) || { rc=$$?; [ $$rc -eq 5 ] && [ -n "$(PYTEST_ARGS)" ] || exit $$rc; }
+	$(1) -m pytest -m "$(2)" -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || { rc=$$?; [ $$rc -eq 5 ] && [ -n "$(PYTEST_ARGS)" ] || exit $$rc; }
 endef
 
 test: install
