@@ -46,8 +46,27 @@ def test_learns_from_every_format(tmp_path, learnable, fmt, framework):
     assert s["data_wait_s"] == pytest.approx(sum(r["data_wait_s"] for r in measured), abs=1e-3)
     assert s["compute_s"] == pytest.approx(sum(r["compute_s"] for r in measured), abs=1e-3)
     assert s["stall_fraction"] + s["au"] == pytest.approx(1.0, abs=1e-3)
-    assert s["mb_per_s"] == pytest.approx(s["samples"] * 12 * 12 * 4 * 2 * 4 / s["wall_s"] / 1e6, rel=1e-2)
+    # mb_per_s keeps 4 significant figures (rounding <= 0.05%) and the per-step times 6 decimals, so
+    # 1% holds at any speed (it once compared a 3-decimal 0.019 with 0.01859 on a slow machine)
+    wall = sum(r["data_wait_s"] + r["compute_s"] for r in measured)
+    assert s["mb_per_s"] == pytest.approx(s["samples"] * 12 * 12 * 4 * 2 * 4 / wall / 1e6, rel=1e-2)
     assert (tmp_path / "out" / "summary.json").exists()
+
+
+def test_rates_keep_their_precision_at_low_throughput():
+    """A slow machine delivers 0.0186 MB/s: the summary keeps 4 significant figures of it, not 3
+    decimals (0.019, 2% off), so a comparison at 1% holds at any speed."""
+    from trainfeed.training.metrics import StepRecord, StepTimer
+
+    timer = StepTimer(warmup_steps=0)
+    for step in range(1, 4):
+        timer.add(StepRecord(step=step, epoch=0, data_wait_s=0.25, compute_s=0.75, samples=2, bytes=18_589))
+    s = timer.summary()
+    assert s["wall_s"] == 3.0 and s["samples_per_s"] == 2.0
+    assert s["mb_per_s"] == 0.01859  # 18,589 * 3 B / 3 s
+    assert s["mb_per_s"] == pytest.approx(18_589 / 1e6, rel=5e-4)
+    timer.add(StepRecord(step=4, epoch=0, data_wait_s=0.0, compute_s=1e-6, samples=32, bytes=10**9))
+    assert timer.summary()["samples_per_s"] == pytest.approx(38 / 3.000001, rel=5e-4)
 
 
 @pytest.mark.slow
