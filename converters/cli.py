@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import posixpath
 import sys
 from enum import Enum
 from typing import List, Optional
@@ -16,6 +17,8 @@ from trainfeed.converters.cli_common import exit_codes, parse_storage_options
 from trainfeed.converters.redact import redact, redact_json
 from trainfeed.converters.sources.decode import ImageOptions
 from trainfeed.converters.formats.registry import FORMATS, WRITABLE
+from trainfeed.converters.storage.config import call_timeout
+from trainfeed.converters.storage.filesystems import call, open_fs
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 
@@ -56,12 +59,33 @@ def parse_resize(text: str | None, option: str = "--resize") -> tuple[int, int] 
     return int(parts[0]), int(parts[1])
 
 
+#: The labels file `convert` and `storage-bench run` take from SRC when --labels is not given
+#: (`storage-bench generate` writes it there).
+LABELS_FILE = "labels.csv"
+
+
+def labels_in_source(src: str, storage_options: dict | None = None) -> str | None:
+    """SRC/labels.csv when it is a file, else None (also when SRC cannot be reached: the
+    conversion then says why)."""
+    if "://" not in src or src.startswith("file://"):
+        path = os.path.join(src.removeprefix("file://"), LABELS_FILE)
+        return path if os.path.isfile(path) else None
+    try:
+        fs, root = open_fs(src, storage_options)
+        found = call(fs, "isfile", posixpath.join(root.rstrip("/"), LABELS_FILE),
+                     deadline=call_timeout(storage_options))
+    except Exception:  # noqa: BLE001  unreachable or refused: listing SRC reports it in its own words
+        return None
+    return src.rstrip("/") + "/" + LABELS_FILE if found else None
+
+
 def default_workers(src: str) -> int:
     remote = "://" in src and not src.startswith("file://")
     return 16 if remote else max(1, os.cpu_count() or 1)
 
 
-def _human_summary(s: dict) -> str:
+def _human_summary(s: dict, resized: bool = False, found: str | None = None) -> str:
+    """The summary; ``resized``: --resize was given; ``found``: the labels CSV taken from SRC."""
     mb = 1e6
     lines = [
         f"{s['format']} store written: {s['output']}",
@@ -70,10 +94,14 @@ def _human_summary(s: dict) -> str:
         f"  files     {s['files_in']:,} in -> {s['files_out']:,} out",
         f"  bytes     {s['bytes_in'] / mb:,.1f} MB in -> {s['bytes_out'] / mb:,.1f} MB out ({s['compression']})",
         f"  time      {s['seconds']:.1f} s, {s['mb_per_s'] or 0:,.1f} MB/s with {s['workers']} workers",
-        f"  labels    {s['labels']}" + (f", {len(s['label_map'])} classes" if s["label_map"] else ""),
+        f"  labels    {s['labels']}" + (f", {len(s['label_map'])} classes" if s["label_map"] else "")
+        + (f" from {found} (found in SRC; --labels CSV takes another, --no-folder-labels none)" if found else "")
+        + (" (no SRC/labels.csv, no class subfolders; `train` needs labels: add them with --labels CSV)"
+           if s["labels"] == "none" else ""),
     ]
     if s.get("verified"):
-        lines.append(f"  verified  {s['verified']['samples_checked']:,} samples identical to their source files")
+        lines.append(f"  verified  {s['verified']['samples_checked']:,} samples identical to their source files"
+                     + (" after the same decode and resize" if resized else ""))
     if "version" in s:
         lines.append(f"  delta     table version {s['version']}")
     return "\n".join(lines)
@@ -96,9 +124,13 @@ def main_command(
                                         "else a folder of shards."),
     to: Format = typer.Option(..., "--to", help="Target format."),
     labels: Optional[str] = typer.Option(None, "--labels", help="CSV with columns id,label; id is the file's path "
-                                         "relative to SRC without extension (e.g. pos/vol_0001). Default: class "
-                                         "subfolder names when every file is in one, else unlabeled."),
-    no_folder_labels: bool = typer.Option(False, "--no-folder-labels", help="Do not take labels from class subfolders."),
+                                         "relative to SRC without extension (e.g. pos/vol_0001). Default: "
+                                         "SRC/labels.csv when it exists (as `storage-bench run` does; the summary "
+                                         "says so), else class subfolder names when every file is in one, else "
+                                         "unlabeled."),
+    no_folder_labels: bool = typer.Option(False, "--no-folder-labels", help="Take no labels from SRC itself: "
+                                          "neither SRC/labels.csv nor class subfolder names (--labels still "
+                                          "applies)."),
     resize: Optional[str] = typer.Option(None, "--resize", help="Resize images once, at conversion, to HEIGHTxWIDTH "
                                          "(e.g. 64x64). Default: keep the original size."),
     image_storage: ImageStorage = typer.Option(ImageStorage.encoded, "--image-storage",
@@ -158,6 +190,9 @@ def main_command(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
 ) -> None:
     with exit_codes("interrupted: nothing was published at the destination"):
+        options = parse_storage_options(storage_option)
+        found = None if labels or no_folder_labels else labels_in_source(src, options)
+        labels = labels or found
         cfg = ConvertConfig(
             src=src, dst=dst, fmt=to.value,
             write=WriteOptions(
@@ -173,7 +208,7 @@ def main_command(
             labels_csv=labels, folder_labels=not no_folder_labels,
             workers=workers or default_workers(src), on_error=on_error.value,
             verify=verify, optimize=optimize, vacuum_hours=vacuum_hours,
-            storage_options=parse_storage_options(storage_option),
+            storage_options=options,
         )
         if overwrite and mode == Mode.append:
             raise UsageError("--overwrite and --mode append contradict each other")
@@ -181,7 +216,7 @@ def main_command(
             raise UsageError(f"--image-mode must be RGB or L, not {image_mode!r}")
         with progress_bar(enabled=progress, label=f"convert -> {to.value}") as bar:
             summary = convert(cfg, progress=bar.update, on_listed=bar.start)
-    typer.echo(redact_json(summary) if as_json else redact(_human_summary(summary)))
+    typer.echo(redact_json(summary) if as_json else redact(_human_summary(summary, resized=bool(resize), found=found)))
 
 
 def main() -> None:

@@ -90,7 +90,9 @@ def main_command(
     lr: float = typer.Option(1e-3, "--lr", help="Adam learning rate (a positive number)."),
     width: int = typer.Option(64, "--width", help="Channels of the first stage: 64 is ResNet-18 (3D: 33.2M "
                               "parameters); smaller is for quick runs."),
-    num_classes: Optional[int] = typer.Option(None, "--num-classes", help="Default: the store's label map, else 2."),
+    num_classes: Optional[int] = typer.Option(None, "--num-classes", help="Classes the model predicts. Default: the "
+                                              "store's label map, else (integer labels) the highest label + 1, at "
+                                              "least 2; a label outside them is refused before training."),
     out: str = typer.Option("train-out", "--out", help="Folder for summary.json and the JSON-lines logs "
                             "(created if missing; a file there is a usage error)."),
     eval_data: Optional[str] = typer.Option(None, "--eval-data", help="A held-out store: accuracy reported at the "
@@ -174,6 +176,7 @@ def main_command(
             image_size=parse_resize(image_size, "--image-size"), augment=augment, data_service=data_service,
             foreign=foreign_schema(tensor_column, shape, dtype.value if dtype else None, label_column, id_column,
                                    tensor_encoding.value if tensor_encoding else None),
+            cli=True,
         )
         summary = run(cfg)
     typer.echo(redact_json(summary) if as_json else redact(_human(summary)))

@@ -18,6 +18,11 @@ DEVICES = get_args(Device)
 MAX_SEED = 2**32 - 1
 
 
+#: TrainConfig fields whose `train` flag is not the field's name with dashes.
+_FLAGS = {"fmt": "format", "labels_csv": "labels", "field_name": "field", "pool": "reader-pool",
+          "storage_options": "storage-option"}
+
+
 @dataclass
 class TrainConfig:
     data: str
@@ -53,6 +58,12 @@ class TrainConfig:
     data_service: str | None = None  # grpc://HOST:PORT of a tf.data service dispatcher: input runs on its workers
     foreign: ForeignSchema | None = None  # --data is a table another tool wrote: its columns (--tensor-column ...)
     progress: bool = True
+    cli: bool = False  # set by `train`: messages then name its flags (--num-classes), else these fields (num_classes=)
+
+    def option(self, name: str) -> str:
+        """How this run's caller spells option ``name`` (a field of this class), ready for a value:
+        ``--num-classes `` on the command line, ``num_classes=`` in Python."""
+        return "--" + _FLAGS.get(name, name.replace("_", "-")) + " " if self.cli else f"{name}="
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -29,6 +29,42 @@ from trainfeed.benchmarks.model.profiles import (ACCELERATORS, calibration_key, 
 from trainfeed.benchmarks.model.verdict import checks, verdict
 
 
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+def check_source(cfg: MatrixConfig) -> None:
+    """A local SRC, before anything is staged: it exists, and (without --resize) its images share
+    one size, which every store's reader needs (a remote SRC is checked as it is staged)."""
+    if "://" in cfg.src and not cfg.src.startswith("file://"):
+        return
+    src = Path(cfg.src.removeprefix("file://"))
+    if not src.is_dir():
+        raise UsageError(f"{src}: source folder not found" if not src.exists()
+                         else f"{src}: not a folder; SRC is the folder of small files")
+    if cfg.resize:
+        return
+    from PIL import Image, UnidentifiedImageError
+
+    first: tuple[Path, tuple[int, int]] | None = None
+    for path in sorted(p for p in src.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()):
+        try:
+            with Image.open(path) as img:  # the header only
+                size = (img.height, img.width)
+        except (OSError, UnidentifiedImageError):
+            continue  # the conversion names a file it cannot decode, in its own words
+        if first is None:
+            first = (path, size)
+        elif size != first[1]:
+            raise UsageError(f"{path} is {size[0]}x{size[1]} (HxW) but {first[0]} is {first[1][0]}x{first[1][1]}: "
+                             "the images differ in size; pass --resize HxW (e.g. --resize 64x64) to resize every "
+                             "image to one size")
+
+
+def in_our_words(message: str) -> str:
+    """A reader's message as `storage-bench run` spells its options (it resizes with --resize)."""
+    return message.replace("pass --image-size HxW", "pass --resize HxW")
+
+
 def check_matrix(cfg: MatrixConfig) -> Backend:
     """Usage errors before anything runs; the backend the matrix will stage its stores on."""
     for s in cfg.stores:
@@ -57,6 +93,7 @@ def check_matrix(cfg: MatrixConfig) -> Backend:
         raise UsageError("--workers and --io-concurrency must be at least 1")
     if cfg.storage_profile:
         load_object_store(cfg.storage_profile)
+    check_source(cfg)
     backend = plan_backend(cfg.storage_backend, Path(cfg.out), cfg.storage_options, cfg.storage_profile)
     check_labels(cfg.labels_csv, cfg.src, backend)
     return backend
@@ -106,8 +143,8 @@ def _run(cfg: MatrixConfig, backend: Backend, results: ResultsFile, env: dict, l
             try:
                 ingest[store_name] = ingest_only(st.source, ropts, cfg.steps, progress.step)
             except CELL_ERRORS as exc:
-                progress.end_cell(f"ingest-only failed: {redact(exc)}")
-                fail(rep, store_name, "ingest-only", redact(exc))
+                progress.end_cell(f"ingest-only failed: {in_our_words(redact(exc))}")
+                fail(rep, store_name, "ingest-only", in_our_words(redact(exc)))
                 continue
             flops_step = model_flops(st.shape, cfg.width) * cfg.batch_size
             for n, (node, framework) in enumerate(grid):
@@ -126,7 +163,7 @@ def _run(cfg: MatrixConfig, backend: Backend, results: ResultsFile, env: dict, l
                     cell["checks"] = checks(cell)
                     cell["verdict"] = verdict(cell)
                 except CELL_ERRORS as exc:
-                    cell = error_record(rep, store_name, node, framework, "cell", redact(exc), env)
+                    cell = error_record(rep, store_name, node, framework, "cell", in_our_words(redact(exc)), env)
                 cell = results.add(cell)
                 progress.end_cell(f"{cell['real']['samples_per_s']:.1f} samples/s, stall "
                                   f"{100 * cell['real']['stall_fraction']:.0f}%, {cell['verdict']['bottleneck']}"

@@ -74,7 +74,7 @@ def stage_stores(cfg: MatrixConfig, backend: Backend, log: Callable[[str], None]
         except UsageError:
             raise
         except CELL_ERRORS as exc:
-            failed[name] = redact(exc)
+            failed[name] = redact(exc).replace("pass --image-size HxW", "pass --resize HxW")
             log(f"stage {name}: failed: {failed[name]}")
         else:
             opened[name] = Staged(url, src, tuple(spec.shape), int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize,

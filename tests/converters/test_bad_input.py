@@ -282,3 +282,43 @@ def test_failed_verify_of_a_delta_overwrite_restores_the_previous_version(tmp_pa
     table = delta.open_table(dst)
     assert table.version() == 2  # 0: first write, 1: the overwrite, 2: the restore of version 0
     assert {sid: f["volume"].tobytes() for sid, _, f in delta.read_samples(dst)} == before
+
+
+# ------------------------------------------------------------- labels: SRC/labels.csv
+
+
+def test_labels_csv_in_the_source_is_picked_up_and_said(tmp_path, convert_cli):
+    """`storage-bench generate` writes SRC/labels.csv: `convert` without --labels takes it (as
+    `storage-bench run` does) and the summary says where the labels came from."""
+    src = tmp_path / "vols"
+    truth = write_volumes(src, 6)
+    res = convert_cli(src, tmp_path / "o.h5", "--to", "hdf5")
+    assert res.exit_code == 0, res.stderr
+    assert (f"  labels    csv from {src / 'labels.csv'} (found in SRC; --labels CSV takes another, "
+            "--no-folder-labels none)") in res.stdout.splitlines()
+    from trainfeed.converters.formats import hdf5
+
+    assert {sid: label for sid, label, _ in hdf5.read_samples(tmp_path / "o.h5")} == \
+        {sid: label for sid, (_, label) in truth.items()}
+
+
+def test_no_folder_labels_ignores_the_source_labels_csv(tmp_path, convert_cli):
+    src = tmp_path / "vols"
+    write_volumes(src, 6)
+    res = convert_cli(src, tmp_path / "o.h5", "--to", "hdf5", "--no-folder-labels")
+    assert res.exit_code == 0, res.stderr
+    assert ("  labels    none (no SRC/labels.csv, no class subfolders; `train` needs labels: add them with "
+            "--labels CSV)") in res.stdout.splitlines()
+    from trainfeed.converters.formats import hdf5
+
+    assert not hdf5.read_schema(tmp_path / "o.h5").labeled
+
+
+def test_a_source_labels_csv_missing_a_file_names_the_file(tmp_path, convert_cli):
+    """A stale SRC/labels.csv is not silently half-used: the run stops naming the file without a label."""
+    src = tmp_path / "vols"
+    write_volumes(src, 4)
+    np.save(src / "extra.npy", np.zeros((6, 5, 4, 3), np.float32))
+    res = convert_cli(src, tmp_path / "o.h5", "--to", "hdf5")
+    assert res.exit_code == 1 and "extra" in res.stderr and "labels.csv" in res.stderr, res.stderr
+    assert leftovers(tmp_path, "o.h5") == []

@@ -160,11 +160,36 @@ def test_label_out_of_range(tmp_path, learnable):
     (tmp_path / "l.csv").write_text("id,label\n" + "".join(f"v{i:03d},{i % 3}\n" for i in range(40)))
     assert run_cli(app, src, tmp_path / "s.h5", "--to", "hdf5", "--labels", tmp_path / "l.csv",
                    "--no-progress").exit_code == 0
+    # refused when the store is opened, before a step, naming the flag and the value that fits
     res = train_cli("--data", tmp_path / "s.h5", "--num-classes", "2", "--out", tmp_path / "o", *QUICK)
-    assert res.exit_code == 1 and "has label 2, outside 0..1" in res.stderr
+    assert res.exit_code == 1 and res.stderr == (f"error: {tmp_path / 's.h5'}: labels range over 0..2, the model "
+                                                 "predicts 0..1; set --num-classes 3 (or leave it out: the default "
+                                                 "is the highest label + 1)\n")
+    assert not (tmp_path / "o").exists()
     res = train_cli("--data", tmp_path / "s.h5", "--num-classes", "3", "--out", tmp_path / "o2",
                     "--json", *QUICK)
     assert res.exit_code == 0 and json.loads(res.stdout)["num_classes"] == 3
+    # integer labels without a label map: the default is the highest label + 1
+    res = train_cli("--data", tmp_path / "s.h5", "--out", tmp_path / "o3", "--json", *QUICK)
+    assert res.exit_code == 0 and json.loads(res.stdout)["num_classes"] == 3
+
+
+def test_label_range_error_speaks_python_to_api_callers(tmp_path):
+    """The API is told the keyword argument (num_classes=), the command line the flag."""
+    from trainfeed.converters.cli import app
+    from trainfeed.converters.errors import TrainfeedError
+    from trainfeed.trainer import train
+    from trainfeed.training.config import TrainConfig
+    from tests.conftest import write_volumes
+
+    write_volumes(tmp_path / "v", 40, shape=(4, 4, 2, 1), labels_csv=False)
+    (tmp_path / "l.csv").write_text("id,label\n" + "".join(f"v{i:03d},{i % 5}\n" for i in range(40)))
+    assert run_cli(app, tmp_path / "v", tmp_path / "s.h5", "--to", "hdf5", "--labels", tmp_path / "l.csv",
+                   "--no-progress").exit_code == 0
+    with pytest.raises(TrainfeedError) as err:
+        train(TrainConfig(data=str(tmp_path / "s.h5"), num_classes=2, width=8, out=str(tmp_path / "o"), progress=False))
+    assert "set num_classes=5 (or leave it out" in str(err.value) and "--" not in str(err.value)
+    assert not (tmp_path / "o").exists()
 
 
 def test_unlabeled_store_is_refused(tmp_path):
@@ -174,7 +199,10 @@ def test_unlabeled_store_is_refused(tmp_path):
     write_volumes(tmp_path / "v", 40, shape=(4, 4, 4, 1), labels_csv=False)
     assert run_cli(app, tmp_path / "v", tmp_path / "u.h5", "--to", "hdf5", "--no-progress").exit_code == 0
     res = train_cli("--data", tmp_path / "u.h5", "--out", tmp_path / "o", *QUICK)
-    assert res.exit_code == 1 and "store is unlabeled" in res.stderr
+    assert res.exit_code == 1 and res.stderr == (
+        f"error: {tmp_path / 'u.h5'}: store is unlabeled; training needs a label column: convert it again with "
+        "labels: `convert SRC DST --labels labels.csv` (a CSV of id,label) or from class subfolders; for a folder "
+        "of small files, `train --labels labels.csv`\n")
 
 
 def test_2d_resnet_trains_from_an_image_store(tmp_path):

@@ -84,7 +84,7 @@ def train(cfg: TrainConfig) -> dict:
                     if item is None:
                         break
                     batch, inputs = item
-                    check_labels(batch, p.num_classes, cfg.data)
+                    check_labels(batch, p.num_classes, cfg.data, cfg.option("num_classes"))
                     t0 = time.perf_counter()
                     loss, hits = fw.step(inputs)
                     compute = time.perf_counter() - t0

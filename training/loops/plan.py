@@ -53,27 +53,57 @@ def plan(cfg: TrainConfig) -> Plan:
 
         check_store(store)
         check_reachable(cfg.data_service)
-    input_shape = model_input_shape(store)
+    input_shape = model_input_shape(store, cfg)
     full = check_sharding(store, world, cfg.batch_size)
     steps = min(full, cfg.steps_per_epoch) if cfg.steps_per_epoch else full
     if cfg.warmup_steps > cfg.epochs * steps:
         raise UsageError(f"--warmup-steps {cfg.warmup_steps} is more than the {cfg.epochs * steps} steps of this run "
                          f"({cfg.epochs} epochs of {steps})")
-    num_classes = cfg.num_classes or (len(store.schema.label_map) if store.schema.label_map else 2)
+    num_classes = classes(cfg, store)
     p = Plan(store, opts, steps, num_classes, input_shape, rank, world)
     if cfg.eval_data:
         p.eval_store = open_eval_store(cfg, p)
     return p
 
 
-def model_input_shape(store: Store) -> tuple[int, ...]:
+def classes(cfg: TrainConfig, store: Store) -> int:
+    """The classes the model predicts: ``num_classes``, else the store's label map, else (integer
+    labels, no map) the highest label + 1, at least 2. Checked against the store's labels before
+    training (a label outside them would otherwise stop the run at the first batch that holds it)."""
+    label_map = store.schema.label_map
+    if label_map:  # trainfeed numbered the classes 0..n-1: the map bounds them, nothing to read
+        bounds = (min(label_map.values()), max(label_map.values())) if cfg.num_classes else None
+    else:
+        bounds = label_bounds(store)
+    if cfg.num_classes:
+        n = cfg.num_classes
+    elif label_map:
+        n = len(label_map)
+    else:
+        n = max(2, bounds[1] + 1) if bounds and bounds[0] >= 0 else 2
+    if bounds is not None and (bounds[0] < 0 or bounds[1] >= n):
+        if bounds[0] < 0:
+            raise TrainfeedError(f"{store.path}: some samples have no label (-1); training needs every sample "
+                                 "labeled: convert it again with a label for each")
+        raise TrainfeedError(f"{store.path}: labels range over {bounds[0]}..{bounds[1]}, the model predicts "
+                             f"0..{n - 1}; set {cfg.option('num_classes')}{bounds[1] + 1} (or leave it out: "
+                             "the default is the highest label + 1)")
+    return n
+
+
+def model_input_shape(store: Store, cfg: TrainConfig | None = None) -> tuple[int, ...]:
     """One sample's shape as the models take it: (X, Y, Z, C) volumes, (H, W, C) images, and
     (H, W) greyscale images given their channel axis. Refuses what no model can train on."""
     spec, path = store.sample_spec, store.path
     if spec.shape is None:
         raise TrainfeedError(f"{path}: field {spec.name!r} has no fixed shape")
     if not store.schema.labeled:
-        raise TrainfeedError(f"{path}: store is unlabeled; training needs a label column")
+        cli = cfg is None or cfg.cli
+        fix = ("convert it again with labels: `convert SRC DST --labels labels.csv` (a CSV of id,label) or from "
+               "class subfolders; for a folder of small files, `train --labels labels.csv`" if cli else
+               "convert it again with labels: `convert(src, dst, labels=\"labels.csv\")` (a CSV of id,label) or "
+               "from class subfolders; for a folder of small files, `TrainConfig(labels_csv=\"labels.csv\")`")
+        raise TrainfeedError(f"{path}: store is unlabeled; training needs a label column: {fix}")
     shape = tuple(spec.shape)
     if len(shape) == 2:
         return (*shape, 1)
@@ -92,20 +122,20 @@ def open_eval_store(cfg: TrainConfig, p: Plan) -> Store:
     """The --eval-data store, refused before training unless the trained model can score it:
     same field, sample shape and dtype, labeled, labels within the model's classes."""
     store = open_store(cfg.eval_data, None, eval_options(cfg, p.store.spec.name))
-    shape, train, held_out = model_input_shape(store), p.store.sample_spec, store.sample_spec
+    shape, train, held_out = model_input_shape(store, cfg), p.store.sample_spec, store.sample_spec
     if shape != p.input_shape or held_out.dtype != train.dtype:
         raise TrainfeedError(f"{cfg.eval_data}: --eval-data field {held_out.name!r} holds {held_out.dtype} "
                              f"samples of shape {tuple(held_out.shape)}; the model trains on {train.dtype} "
                              f"samples of shape {tuple(train.shape)} from --data"
-                             + ("; --image-size HxW decodes both to one size" if store.images and p.store.images
+                             + (f"; {'--image-size HxW' if cfg.cli else 'image_size=(H, W)'} decodes both to one size" if store.images and p.store.images
                                 and not cfg.image_size else ""))
     check_label_maps(p.store, store)
     bounds = label_bounds(store)
     if bounds is not None and (bounds[0] < 0 or bounds[1] >= p.num_classes):
         unlabeled = " (-1: samples without a label)" if bounds[0] < 0 else ""
         raise TrainfeedError(f"{cfg.eval_data}: --eval-data labels range over {bounds[0]}..{bounds[1]}{unlabeled}, "
-                             f"the model predicts 0..{p.num_classes - 1} (set --num-classes if the data has more "
-                             "classes)")
+                             f"the model predicts 0..{p.num_classes - 1} (set {cfg.option('num_classes')}N if the "
+                             "data has more classes)")
     return store
 
 
@@ -118,9 +148,9 @@ def check_label_maps(train: Store, held_out: Store) -> None:
                                  "in --data; convert both with the same labels")
 
 
-def check_labels(batch: Batch, num_classes: int, path: str) -> None:
+def check_labels(batch: Batch, num_classes: int, path: str, flag: str = "num_classes=") -> None:
     bad = (batch.y < 0) | (batch.y >= num_classes)
     if bad.any():
         i = int(np.argmax(bad))
         raise TrainfeedError(f"{path}: sample {batch.ids[i]!r} has label {int(batch.y[i])}, outside 0..{num_classes - 1} "
-                             f"(set --num-classes if the store has more classes)")
+                             f"(set {flag}N if the store has more classes)")

@@ -181,3 +181,28 @@ def test_image_options_refused_with_a_clear_error(tmp_path, args, message):
     res = bench_cli("run", src, "--out", tmp_path / "out", "--stores", "blob", "--nodes", "t4", *args)
     assert res.exit_code == 2, res.stderr
     assert res.stderr.strip().splitlines()[-1] == f"error: {message.format(src=src)}"
+
+
+def test_missing_source_is_refused_before_anything_runs(tmp_path):
+    """A mistyped SRC fails at once, in the user's words (no store is tried, no internal URL shown)."""
+    res = bench_cli("run", tmp_path / "nope", "--out", tmp_path / "out", "--stores", "blob,parquet", "--nodes", "t4")
+    assert res.exit_code == 2
+    assert res.stderr == f"error: {tmp_path / 'nope'}: source folder not found\n"
+    assert not (tmp_path / "out").exists()
+
+
+def test_images_of_different_sizes_are_refused_before_staging_naming_resize(tmp_path):
+    """`storage-bench run` resizes with --resize (it has no --image-size): images of two sizes
+    are refused before any store is converted, naming both files and that option."""
+    from tests.conftest import write_images
+
+    write_images(tmp_path / "imgs", 4, size=(24, 32))
+    write_images(tmp_path / "other", 2, size=(20, 20))
+    odd = tmp_path / "imgs" / "b" / "odd.jpg"
+    (tmp_path / "other" / "a" / "img000.jpg").rename(odd)
+    res = bench_cli("run", tmp_path / "imgs", "--out", tmp_path / "out", "--stores", "blob,parquet", "--nodes", "t4")
+    assert res.exit_code == 2
+    assert res.stderr == (f"error: {odd} is 20x20 (HxW) but {tmp_path / 'imgs' / 'a' / 'img000.jpg'} is 24x32: the "
+                          "images differ in size; pass --resize HxW (e.g. --resize 64x64) to resize every image to "
+                          "one size\n")
+    assert not (tmp_path / "out").exists()
