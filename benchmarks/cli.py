@@ -113,7 +113,9 @@ def _csv(text: str) -> tuple[str, ...]:
                   "(the location effect), unless the cells read local disk as it is already. Each cell is measured "
                   "three ways (compute-only, ingest-only, real run; the reader's CPU time per sample and the "
                   "machine's load recorded), diagnosed, and projected to time and cost per instance of the "
-                  "catalog by one model; writes results.jsonl, results.csv, report.md and report.html to --out. "
+                  "catalog by one model; writes results.jsonl, results.csv, costs.csv (every store on every instance), "
+                  "report.md and report.html (the answer first: what to do, time and cost per job, how sure, what "
+                  "binds) to --out. "
                   "Progress on stderr: each store as it is staged, each cell (i/N) with its measurement, steps, "
                   "elapsed time and ETAs. Cells are appended as they finish: a failed cell does not lose the "
                   "others, and the report says why each failed cell failed. Exit 1 when no cell could be measured.")
@@ -215,7 +217,7 @@ def _fail_unless_measured(info: dict) -> None:
                              f"first failure: {info['first_error'] or 'none recorded'}")
 
 
-@app.command(help="Rebuild results.csv, report.md and report.html from OUT/results.jsonl.")
+@app.command(help="Rebuild results.csv, costs.csv, report.md and report.html from OUT/results.jsonl.")
 def report(
     out: Path = typer.Argument(..., help="A folder written by `storage-bench run`."),
     target_samples: int = typer.Option(650_000, "--target-samples"),

@@ -34,6 +34,46 @@ def checks(cell: dict) -> list[str]:
     return notes
 
 
+#: A measurement shorter than this, or of fewer samples, is too short to mean anything: a rate
+#: from it is reported as not measured, with the reason, never as a ratio.
+MIN_TIMED_SECONDS = 0.5
+MIN_TIMED_SAMPLES = 50
+#: A real run this much above the model's bound contradicts the model (noise or a wrong input).
+ABOVE_MODEL = 1.1
+
+
+def too_short(measured: dict | None) -> str | None:
+    """Why a timed measurement (an ingest-only pass: ``samples_per_s``, ``seconds``,
+    ``timed_samples``) is too short to mean anything, or None when it is long enough (or older
+    results do not record its duration)."""
+    if not measured or not measured.get("samples_per_s"):
+        return "nothing was timed (too few batches: raise --steps or use more samples)"
+    seconds, timed = measured.get("seconds"), measured.get("timed_samples")
+    if seconds is not None and seconds < MIN_TIMED_SECONDS:
+        return (f"timed over {seconds * 1e3:,.0f} ms ({timed or 0:,} samples), under the {MIN_TIMED_SECONDS:g} s a "
+                "rate needs to mean anything (raise --steps or use more samples)")
+    if timed is not None and timed < MIN_TIMED_SAMPLES:
+        return (f"timed over {timed:,} samples, under the {MIN_TIMED_SAMPLES} a rate needs to mean anything "
+                "(raise --steps or use more samples)")
+    return None
+
+
+def doubts(cell: dict) -> list[str]:
+    """What makes a cell's figures untrustworthy (beyond ``checks``), computed from its record:
+    an ingest-only pass too short to mean anything, a real run above the model's own bound."""
+    out = []
+    short = too_short(cell["ingest_only"])
+    if short:
+        out.append(f"ingest-only {short}")
+    proj = project(machine_of(cell), layout_of(cell), loader_of(cell), storage_of(cell), cell["batch_size"])
+    real = cell["real"]["samples_per_s"] or 0.0
+    if proj.samples_per_s and real > ABOVE_MODEL * proj.samples_per_s:
+        out.append(f"measured above the model's bound (real {real:,.0f}/s, model {proj.samples_per_s:,.0f}/s): "
+                   "the model's inputs from this run (the reader's CPU per sample, the storage profile) or the "
+                   "timing are off; the report's confidence is lowered")
+    return out
+
+
 #: A measured real run below this share of what the model allows is flagged, not explained away.
 BELOW_MODEL = 0.8
 

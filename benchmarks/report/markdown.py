@@ -1,5 +1,7 @@
-"""report.md: the Markdown of a report, section by section (reference case, headline, feeds,
-effects, cells, costs, remedies, recommendation, method, failures), or of a run that measured nothing."""
+"""report.md: the Markdown of a report, section by section: first the answer (what to do, its
+time and cost, how sure, what binds) and the headline, then the reference case, feeds, effects,
+cells, the costs that matter, remedies, method, failures; or of a run that measured nothing.
+``catalog_markdown`` is every catalog row, which the HTML page folds away."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
@@ -10,7 +12,8 @@ from trainfeed.benchmarks.model.cost import Spot
 from trainfeed.benchmarks.model.measured import layout_of, loader_of, machine_of, storage_of
 from trainfeed.benchmarks.model.projection import project
 from trainfeed.benchmarks.model.profiles import IO_CPU_SOURCE
-from trainfeed.benchmarks.report.formatting import budget, fmt_rate, fmt_time, fmt_usd, place
+from trainfeed.benchmarks.model.verdict import doubts, too_short
+from trainfeed.benchmarks.report.formatting import budget, fmt_num, fmt_ratio, fmt_rate, fmt_time, fmt_usd, place
 
 
 def _storage_key(cell) -> tuple:
@@ -32,6 +35,8 @@ def markdown(cells, spread, locations, stores, nodes, frameworks, advice, notes,
              + (f"{place(any_cell)}; {budget(any_cell)}" if same_storage else "different storage or budgets (see each cell)"),
              ""]
     contended = [c for c in cells.values() if any("contention" in n for n in c.get("checks", []))]
+    lines += _answer(advice, cells, locations, contended)
+    lines += _headline(advice)
     if contended:
         lines += [f"> **Measured under contention**: {len(contended)} of {len(cells)} cells ran while other processes "
                   "or the hypervisor took CPU (see each cell's notes). Wall-clock rates of those cells are low and "
@@ -39,16 +44,102 @@ def markdown(cells, spread, locations, stores, nodes, frameworks, advice, notes,
                   "idle machine to confirm.", ""]
     if plan.scenario is not None:
         lines += _reference_section(advice)
-    lines += _headline(advice)
     lines += _feeds_section(advice)
     lines += _effects(cells, locations, same_storage)
     lines += _cells_section(cells, spread, nodes, stores)
     lines += _costs_section(advice)
     lines += _remedies_section(advice)
-    lines += _recommendation(advice)
     lines += _method(advice, notes)
     lines += _failures_section(errors)
     return "\n".join(lines) + "\n"
+
+
+#: What each bottleneck means for the user, in one sentence: what sets the pace and what helps.
+BINDS = {
+    "compute": "the accelerator sets the pace: a faster or a second GPU helps, a faster reader does not",
+    "decode": "the reader's CPU (decoding) sets the pace: more vCPUs with more reader threads (--workers), or "
+              "storing decoded pixels, help",
+    "augment": "the CPU spent on augmentation sets the pace: more vCPUs, or augmenting on the GPU, help",
+    "io-cpu": "the vCPUs the storage client spends on I/O set the pace: more vCPUs per GPU help",
+    "io-latency": "request latency sets the pace: more requests in flight (--io-concurrency) or fewer, larger "
+                  "reads (a compacted store) help",
+    "bandwidth": "storage bandwidth sets the pace: more parallel streams or faster storage help",
+    "network": "the instance's network sets the pace: an instance with more network bandwidth helps",
+    "contention": "other processes took the CPU the pipeline needed: rerun on an idle machine",
+    "ram": "the node swapped: an instance with more RAM helps",
+}
+
+
+def _binds(bottleneck: str) -> str:
+    return BINDS.get(bottleneck, f"{bottleneck} sets the pace")
+
+
+def _confidence(advice, cells, locations, contended, row: dict | None) -> tuple[str, list[str]]:
+    """How sure the answer is (high, medium, low) and why: cells measured under contention, too
+    short or contradicting the model lower it to low; a GPU step time that is an estimate, not a
+    measurement, to medium."""
+    low = []
+    if contended:
+        low.append(f"{len(contended)} of {len(cells)} cells were measured under contention")
+    doubtful = [c for c in cells.values() if doubts(c)]
+    if doubtful:
+        low.append(f"{len(doubtful)} of {len(cells)} cells are too short to mean anything or contradict the model "
+                   "(their notes say which)")
+    for loc in locations:
+        if _location_doubt(loc):
+            low.append(f"the location effect ({loc['store']}) could not be measured reliably")
+    medium = []
+    if row is not None and row.get("device_how") == "estimate" and row.get("gpus"):
+        medium.append(f"the {row['device']} step time is an estimate from FLOPs (`storage-bench calibrate` on the "
+                      "real GPU measures it)")
+    if low:
+        return "low", low + medium
+    if medium:
+        return "medium", medium
+    return "high", ["every input was measured on this machine or calibrated, and no cell is in doubt"]
+
+
+def _answer(advice, cells, locations, contended) -> list[str]:
+    """The first screen: what to do, its time and cost per job, how sure, what binds."""
+    plan = advice["plan"]
+    w = plan.workload
+    rec = advice["recommendation"]
+    lines = ["## What to do", ""]
+    if rec:
+        ch, fa = rec["cheapest"], rec["fastest"]
+        spot = f"; spot {fmt_usd(ch['spot_usd_per_job'])}" if ch.get("spot_usd_per_job") else ""
+        lines.append(f"**Use {ch['option']} on {ch['cloud']} {ch['machine']}**: {fmt_time(ch['seconds'])} and "
+                     f"{fmt_usd(ch['usd_per_job'])} per job on demand ({fmt_usd(ch['usd_per_hour'])}/h{spot}) for "
+                     f"{w.samples:,} samples x {w.epochs} epoch{'s' if w.epochs != 1 else ''}, the cheapest of the catalog.")
+        lines.append("")
+        row = ch
+        lines.append(f"- **What binds**: {ch['bottleneck']}: {_binds(ch['bottleneck'])}.")
+        if fa is not ch:
+            lines.append(f"- **Fastest instead**: {fa['option']} on {fa['cloud']} {fa['machine']}: "
+                         f"{fmt_time(fa['seconds'])}, {fmt_usd(fa['usd_per_job'])} per job "
+                         f"({fmt_ratio(ch['seconds'] / fa['seconds'])} faster, "
+                         f"{fmt_ratio(fa['usd_per_job'] / ch['usd_per_job'])} the cost); bound by {fa['bottleneck']}.")
+    else:
+        fastest = [r for h in advice["headline"] for r in h["rows"] if r.get("fastest")]
+        row = fastest[0] if fastest else None
+        if row is None:
+            return lines + ["Nothing could be projected: see the failures below.", ""]
+        lines.append(f"**Use {row['option']}**: {fmt_time(row['seconds'])} per job on {row['machine']} for "
+                     f"{w.samples:,} samples x {w.epochs} epoch{'s' if w.epochs != 1 else ''} (no priced instance in the catalog, so no cost).")
+        lines.append("")
+        lines.append(f"- **What binds**: {row['bottleneck']}: {_binds(row['bottleneck'])}.")
+    for g in filter(None, advice["gains"]):
+        if g["repack_gain"] >= GAIN_WORTH_SAYING:
+            lines.append(f"- **Repacking** on {g['node']}: {g['repacked']} is {fmt_ratio(g['repack_gain'])} faster "
+                         f"than {g['today']} ({fmt_time(g['repacked_s'])} vs {fmt_time(g['today_s'])}).")
+            break
+    level, why = _confidence(advice, cells, locations, contended, row)
+    lines.append(f"- **How sure**: {level}: {'; '.join(why)}.")
+    return lines + [""]
+
+
+#: A projected gain under this ratio is "about the same", not a speed-up worth stating.
+GAIN_WORTH_SAYING = 1.15
 
 
 def _deviation(d: float | None) -> str:
@@ -68,15 +159,16 @@ def _reference_section(advice) -> list[str]:
                      f"{fmt_usd(r['usd_per_hour'])} | {fmt_usd(r['projected_usd'])} | {fmt_usd(r['reference_usd'])} |")
     lines += ["", "| node | speed-up published | projected | deviation |", "|---|---|---|---|"]
     for s in ref["speedups"]:
-        lines.append(f"| {s['node']} | {s['published']:.2g}x | {s['projected']:.2g}x | {_deviation(s['deviation'])} |")
+        lines.append(f"| {s['node']} | {fmt_ratio(s['published'])} | {fmt_ratio(s['projected'])} | "
+                     f"{_deviation(s['deviation'])} |")
     verdict = ("every figure within 25% of the paper" if ref["within_25pct"] else
                "not every figure is within 25% of the paper: see below which knob decides each")
     lines += ["", f"**{verdict}.**", ""]
     for x in ref["cross_checks"]:
         what = "CPU-seconds per step" if x["device"] == "cpu" else "seconds per step"
         lines.append(f"- **{x['node']}**: its compacted run is compute-bound, so its published time implies the "
-                     f"device: {x['implied_step_s']:.3g} {what} where this projection used {x['step_s']:.3g} "
-                     f"({x['device']}, {x['device_how']}), {x['slower']:.2g}x slower. With that device the small "
+                     f"device: {fmt_num(x['implied_step_s'], 3)} {what} where this projection used {fmt_num(x['step_s'], 3)} "
+                     f"({x['device']}, {x['device_how']}), {fmt_ratio(x['slower'])} slower. With that device the small "
                      f"files project to {fmt_time(x['blob_projected_s'])} against {fmt_time(x['blob_reference_s'])} "
                      f"published ({_deviation(x['blob_deviation'])}): the storage and loader side of the model holds; "
                      "the device's speed is the knob (`storage-bench calibrate` on the real node measures it).")
@@ -90,7 +182,7 @@ def _reference_section(advice) -> list[str]:
 def _headline(advice) -> list[str]:
     plan = advice["plan"]
     w = plan.workload
-    lines = [f"## Training time for {w.samples:,} samples x {w.epochs} epochs", "",
+    lines = [f"## Training time for {w.samples:,} samples x {w.epochs} epoch{'s' if w.epochs != 1 else ''}", "",
              "Projected by one model from the quantities measured here (see \"How the projections were made\"); "
              "the bottleneck is the resource that binds. The fastest option on each node is in bold.", ""]
     opts = [o.label for o in advice["options"]]
@@ -106,10 +198,14 @@ def _headline(advice) -> list[str]:
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines.append("")
     for g in filter(None, advice["gains"]):
-        text = (f"- **{g['node']}**: repacking ({g['repacked']}) is **{g['repack_gain']:.2g}x** faster than "
-                f"{g['today']} ({fmt_time(g['repacked_s'])} vs {fmt_time(g['today_s'])})")
+        if g["repack_gain"] >= GAIN_WORTH_SAYING:
+            text = (f"- **{g['node']}**: repacking ({g['repacked']}) is **{fmt_ratio(g['repack_gain'])}** faster than "
+                    f"{g['today']} ({fmt_time(g['repacked_s'])} vs {fmt_time(g['today_s'])})")
+        else:
+            text = (f"- **{g['node']}**: repacking ({g['repacked']}) changes little ({fmt_time(g['repacked_s'])} vs "
+                    f"{fmt_time(g['today_s'])} for {g['today']}): the layout is not what binds there")
         if g["better_loading"]:
-            text += f"; better loading alone ({g['better_loading']}) would be {g['better_loading_gain']:.2g}x"
+            text += f"; better loading alone ({g['better_loading']}) would be {fmt_ratio(g['better_loading_gain'])}"
         lines.append(text + ".")
     return lines + [""]
 
@@ -137,7 +233,7 @@ def _feeds_section(advice) -> list[str]:
         for o in opts:
             f = row["feeds"][o]
             per_gb = f" at {f.io_cpu_s_per_gb:.2f} CPU-s/GB" if storage else ""
-            cells.append(f"{f.gb_per_s:.2g} GB/s{per_gb}: {f.describe()}")
+            cells.append(f"{fmt_num(f.gb_per_s)} GB/s{per_gb}: {f.describe()}")
         lines.append(f"| {d.name} ({d.how}, {fmt_rate(first.samples_per_s)} samples/s) | " + " | ".join(cells) + " |")
     return lines + [""]
 
@@ -150,11 +246,13 @@ def _cells_section(cells, spread, nodes, stores) -> list[str]:
              "| store | node | fw | compute-only /s | ingest-only /s | real /s | read CPU ms/sample | model /s | stall "
              "| bottleneck | advice | notes |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    footnotes: dict[str, int] = {}  # a note repeated across cells is written once, under the table
     for (s, n, fw), c in sorted(cells.items(), key=lambda kv: (nodes.index(kv[0][1]), stores.index(kv[0][0]))):
         proj = project(machine_of(c), layout_of(c), loader_of(c), storage_of(c), c["batch_size"])
         r = c["real"]
         cpu = c["ingest_only"].get("cpu_s_per_sample")
-        notes = "; ".join(c.get("checks", [])).replace("|", "\\|") or "-"
+        marks = [footnotes.setdefault(note, len(footnotes) + 1) for note in [*c.get("checks", []), *doubts(c)]]
+        notes = ", ".join(f"[{m}]" for m in marks) or "-"
         runs = spread.get((s, n, fw), [])
         real = f"{r['samples_per_s']:,.0f}" + (f" ({min(runs):,.0f}-{max(runs):,.0f} over {len(runs)} repeats)"
                                                if len(runs) > 1 else "")
@@ -163,14 +261,88 @@ def _cells_section(cells, spread, nodes, stores) -> list[str]:
                      f"{'-' if cpu is None else f'{cpu * 1e3:.2f}'} | {proj.samples_per_s:,.0f} | "
                      f"{100 * r['stall_fraction']:.0f}% | {c['verdict']['bottleneck']} | {c['verdict']['advice']} | "
                      f"{notes} |")
-    return lines + [""]
+    lines.append("")
+    if footnotes:
+        lines += ["Notes:", ""] + [f"- [{m}] " + note.replace("|", "\\|") for note, m in footnotes.items()] + [""]
+    return lines
+
+
+#: The footnote of every cost row whose dataset does not fit in its instance's page cache.
+RAM_FOOTNOTE = ("[ram] the dataset does not fit in 80% of the instance's RAM: epochs after the first read the storage "
+                "again, not the page cache (the full note per instance: costs.csv)")
+
+
+def _pick_costs(advice) -> list[tuple[str, dict]]:
+    """The few cost rows that matter, each with why it is listed: the fastest and the cheapest
+    of all, the best per dollar on each kind of node (a GPU model, or CPU only), the
+    scenario's own instances, and the small files on the cheapest instance (what today costs)."""
+    rows = [r for rs in advice["projections"].values() for r in rs]
+    if not rows:
+        return []
+    picked: dict[int, tuple[str, dict]] = {}
+
+    def pick(row: dict | None, why: str) -> None:
+        if row is not None:
+            key = id(row)
+            picked[key] = (picked[key][0] + "; " + why, row) if key in picked else (why, row)
+
+    priced = [r for r in rows if r.get("usd_per_job")]
+    pick(min(rows, key=lambda r: r["seconds"]), "fastest")
+    if priced:
+        cheapest = min(priced, key=lambda r: r["usd_per_job"])
+        pick(cheapest, "cheapest")
+        kinds = dict.fromkeys(r["device"] if r["gpus"] else "CPU only" for r in priced)
+        for kind in kinds:
+            mine = [r for r in priced if (r["device"] if r["gpus"] else "CPU only") == kind]
+            pick(min(mine, key=lambda r: r["usd_per_job"]), f"best per $ on {kind}")
+        today = [r for r in priced if r["store"] == "blob" and r["machine"] == cheapest["machine"]]
+        if cheapest["store"] != "blob" and today:
+            pick(min(today, key=lambda r: r["usd_per_job"]), "the small files on the cheapest instance")
+    sc = advice["plan"].scenario
+    if sc is not None:
+        for n in sc.nodes:
+            mine = [r for r in rows if r["machine"] == n.instance]
+            if mine:
+                pick(min(mine, key=lambda r: r["seconds"]), f"your node {n.name}")
+    return sorted(picked.values(), key=lambda wr: (wr[1]["usd_per_job"] is None, wr[1]["usd_per_job"] or 0,
+                                                     wr[1]["seconds"]))
 
 
 def _costs_section(advice) -> list[str]:
+    """Only the rows that matter (``_pick_costs``); the whole catalog is in costs.csv and, folded,
+    in report.html."""
+    picked = _pick_costs(advice)
+    if not picked:
+        return []
+    total = sum(len(rs) for rs in advice["projections"].values())
     lines = ["## What it costs", "",
-             "Per instance of the catalog, the same model. $/h is the instance's price per hour (plus Databricks "
-             "DBUs where the catalog has them); per job is the whole workload. **Bold**: the fastest and the "
-             "cheapest. Spot per job includes restarts after preemption (see below).", ""]
+             f"The options that matter, of {total:,} projected (every store on every instance of the catalog: "
+             "costs.csv, and folded below in report.html). $/h is the instance's price per hour (plus Databricks "
+             "DBUs where the catalog has them); per job is the whole workload; spot per job includes restarts after "
+             "preemption.", "",
+             "| why listed | store | instance | vCPUs | GPUs | samples/s | time | $/h | $ per job | spot $ per job | "
+             "bottleneck | price date |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    ram = False
+    for why, r in picked:
+        gpus = f"{r['gpus']} {r['device']}" if r["gpus"] else "-"
+        vcpus = f"{r['vcpus']}" + (f" (needs {r['vcpus_needed']})" if (r.get("vcpus_needed") or 0) > r["vcpus"] else "")
+        limit, short = _limit(r, footnote=True)
+        ram = ram or short
+        lines.append(f"| {why} | {r['option']} | {r['cloud']} {r['machine']} | {vcpus} | {gpus} | "
+                     f"{fmt_rate(r['samples_per_s'])} | {fmt_time(r['seconds'])} | {fmt_usd(r['usd_per_hour'])} | "
+                     f"{fmt_usd(r['usd_per_job'])} | {fmt_usd(r['spot_usd_per_job'])} | {limit} | "
+                     f"{r.get('price_date') or '-'} |")
+    lines.append("")
+    if ram:
+        lines += [RAM_FOOTNOTE, ""]
+    return lines
+
+
+def catalog_markdown(advice) -> str:
+    """Every projected catalog row, one table per option: what report.html folds away under the
+    costs that matter."""
+    lines = []
+    ram = False
     for label, rows in advice["projections"].items():
         if not rows:
             continue
@@ -184,15 +356,19 @@ def _costs_section(advice) -> list[str]:
             if marks:
                 name = f"**{name}** ({', '.join(marks)})"
             gpus = f"{r['gpus']} {r['device']}" if r["gpus"] else "-"
-            cv = f"{r['cost_vs_cheapest']:.2g}" if r["cost_vs_cheapest"] else "-"
             vcpus = f"{r['vcpus']}" + (f" (needs {r['vcpus_needed']})" if (r.get("vcpus_needed") or 0) > r["vcpus"]
                                        else "")
+            limit, short = _limit(r, footnote=True)
+            ram = ram or short
             lines.append(f"| {name} | {vcpus} | {gpus} | {fmt_rate(r['samples_per_s'])} | {fmt_time(r['seconds'])} | "
-                         f"{fmt_usd(r['usd_per_hour'])} | {fmt_usd(r['usd_per_job'])} | {fmt_usd(r['spot_usd_per_job'])} | "
-                         f"{fmt_usd(r['usd_per_1k_samples'])} | {r['time_vs_fastest']:.2g} | {cv} | {_limit(r)} | "
+                         f"{fmt_usd(r['usd_per_hour'])} | {fmt_usd(r['usd_per_job'])} | "
+                         f"{fmt_usd(r['spot_usd_per_job'])} | {fmt_usd(r['usd_per_1k_samples'])} | "
+                         f"{fmt_num(r['time_vs_fastest'])} | {fmt_num(r['cost_vs_cheapest'])} | {limit} | "
                          f"{r.get('price_date') or '-'} |")
         lines.append("")
-    return lines
+    if ram:
+        lines += [RAM_FOOTNOTE, ""]
+    return "\n".join(lines) + "\n"
 
 
 def _remedies_section(advice) -> list[str]:
@@ -229,23 +405,14 @@ def _when(row: dict) -> str:
     return f"{fmt_time(row['seconds'])}, {fmt_usd(row['usd_per_job'])} ({row['bottleneck']})"
 
 
-def _limit(row: dict) -> str:
-    """The bottleneck, and a warning when one epoch does not fit in the page cache."""
+def _limit(row: dict, footnote: bool = False) -> tuple[str, bool] | str:
+    """The bottleneck, and a warning when one epoch does not fit in the page cache: the note
+    itself, or (``footnote``) a mark and whether the row has it."""
     note = row.get("ram_note") or ""
-    return row["bottleneck"] + (f"; {note}" if "does not fit" in note else "")
-
-
-def _recommendation(advice) -> list[str]:
-    rec = advice["recommendation"]
-    if not rec:
-        return []
-    ch, fa = rec["cheapest"], rec["fastest"]
-    return ["## Recommendation", "",
-            f"- **Cheapest**: {ch['option']} on {ch['cloud']} {ch['machine']}: {fmt_time(ch['seconds'])}, "
-            f"{fmt_usd(ch['usd_per_job'])} per job on demand ({fmt_usd(ch['usd_per_hour'])}/h). Bound by "
-            f"{ch['bottleneck']}.",
-            f"- **Fastest**: {fa['option']} on {fa['cloud']} {fa['machine']}: {fmt_time(fa['seconds'])}, "
-            f"{fmt_usd(fa['usd_per_job'])} per job. Bound by {fa['bottleneck']}.", ""]
+    short = "does not fit" in note
+    if footnote:
+        return row["bottleneck"] + (" [ram]" if short else ""), short
+    return row["bottleneck"] + (f"; {note}" if short else "")
 
 
 def _method(advice, notes) -> list[str]:
@@ -282,34 +449,66 @@ def _method(advice, notes) -> list[str]:
     return lines
 
 
+def _location_doubt(loc: dict) -> str | None:
+    """Why a location-effect measurement cannot be taken as one: either read too short to mean
+    anything, or reading through emulated latency beat local disk, which the model's physics
+    rule out (the emulation only adds time)."""
+    for where, rec in (("from local disk", loc.get("local_disk")), ("from the storage", loc.get("on_storage"))):
+        short = too_short(rec)
+        if short:
+            return f"the read {where} was {short}"
+    local, remote = loc["local_disk"]["samples_per_s"], loc["on_storage"]["samples_per_s"]
+    if remote > local:
+        return (f"reading through the emulated latency ({remote:,.0f} samples/s) beat local disk ({local:,.0f}), "
+                "which the emulation cannot do (it only adds time): noise of a measurement this short or a busy "
+                "machine; rerun with more --steps or samples")
+    return None
+
+
 def _effects(cells, locations, same_storage: bool) -> list[str]:
     """The layout effect (compacted vs small files, same storage, same connection budget) and
     the location effect (the same compacted store on that storage vs on local disk), each from
-    ingest-only rates; a comparison that mixes the two says so."""
-    ingest = {c["store"]: c["ingest_only"]["samples_per_s"] or 0 for c in cells.values()}
+    ingest-only rates; a comparison that mixes the two says so. A rate too short to mean
+    anything, or an effect the model's physics rule out, is reported as such with the reason,
+    never as a ratio."""
+    ingest = {c["store"]: c["ingest_only"] for c in cells.values()}
+    rate = {s: m["samples_per_s"] or 0 for s, m in ingest.items()}
     lines = ["## Layout effect and location effect", ""]
-    compacted = {s: r for s, r in ingest.items() if s != "blob"}
-    if compacted and ingest.get("blob"):
+    compacted = {s: r for s, r in rate.items() if s != "blob"}
+    if compacted and "blob" in rate:
         best = max(compacted, key=compacted.get)
-        figures = (f"ingest-only, the best compacted store ({best}) {compacted[best]:,.0f} samples/s, the small files "
-                   f"{ingest['blob']:,.0f} samples/s: **{compacted[best] / ingest['blob']:.1f}x**")
-        if same_storage:
-            any_cell = next(iter(cells.values()))
-            lines.append(f"- **Layout effect** (compacted vs small files, both on {place(any_cell)}, both read with "
-                         f"{budget(any_cell)}): {figures}. Per node, projected: the gains under the headline.")
+        short = next(((s, why) for s in ("blob", best) if (why := too_short(ingest[s]))), None)
+        any_cell = next(iter(cells.values()))
+        name = ("Layout effect** (compacted vs small files, both on "
+                f"{place(any_cell)}, both read with {budget(any_cell)})" if same_storage else
+                "Compacted vs small files, mixing location and layout**")
+        if short:
+            lines.append(f"- **{name}: not measured: the ingest-only read of {short[0]} was {short[1]}; the "
+                         "projections use the reader's CPU time per sample and the storage model instead.")
+        elif same_storage:
+            lines.append(f"- **{name}: ingest-only, the best compacted store ({best}) {compacted[best]:,.0f} "
+                         f"samples/s, the small files {rate['blob']:,.0f} samples/s: "
+                         f"**{fmt_num(compacted[best] / rate['blob'], 2)}x**. Per node, projected: the gains under the "
+                         "headline.")
         else:
-            lines.append("- **Compacted vs small files, mixing location and layout**: the cells were read from "
-                         f"different storage or with different connection budgets, so this is not the layout effect "
-                         f"alone: {figures}.")
+            lines.append(f"- **{name}: the cells were read from different storage or with different connection "
+                         f"budgets, so this is not the layout effect alone: ingest-only, the best compacted store "
+                         f"({best}) {compacted[best]:,.0f} samples/s, the small files {rate['blob']:,.0f} samples/s: "
+                         f"**{fmt_num(compacted[best] / rate['blob'], 2)}x**.")
     for loc in locations:
         local, remote = loc["local_disk"]["samples_per_s"], loc["on_storage"]["samples_per_s"]
         if not local or not remote:
             lines.append(f"- **Location effect** ({loc['store']}): too few batches to time (raise --steps or "
                          "use more samples).")
             continue
+        doubt = _location_doubt(loc)
+        if doubt:
+            lines.append(f"- **Location effect** ({loc['store']}): not measured reliably: {doubt}. Left out of the "
+                         "answer.")
+            continue
         lines.append(f"- **Location effect** (the same {loc['store']} store, both read with {budget(loc)}): ingest-only "
                      f"from local disk as it is {local:,.0f} samples/s, from {place(loc)}: {remote:,.0f} samples/s: "
-                     f"**{local / remote:.1f}x** faster on local disk.")
+                     f"**{fmt_num(local / remote, 2)}x** faster on local disk.")
     if not locations:
         lines.append("- **Location effect**: not measured (the cells read local disk as it is, with no latency "
                      "emulation; or its measurement failed: see the failures below).")

@@ -1,6 +1,6 @@
-"""results.jsonl -> results.csv, report.md and report.html (the Markdown rendered by
-markdown-it-py, matplotlib charts inline as SVG: one file, no network). The A/B table comes
-first, as in the whitepaper. This module reads the records and writes the files; markdown.py
+"""results.jsonl -> results.csv, costs.csv, report.md and report.html (the Markdown rendered by
+markdown-it-py, matplotlib charts inline as SVG: one file, no network). The answer comes first,
+then the A/B table, as in the whitepaper. This module reads the records and writes the files; markdown.py
 writes the Markdown, html.py the page."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from trainfeed.benchmarks.model.projection import Loader
 from trainfeed.benchmarks.model.scenario import SCENARIO_COPY, Scenario, load_scenario
 from trainfeed.benchmarks.model.measured import STAGES
 from trainfeed.benchmarks.report.html import html
-from trainfeed.benchmarks.report.markdown import markdown, markdown_nothing_measured
+from trainfeed.benchmarks.report.markdown import catalog_markdown, markdown, markdown_nothing_measured
 
 
 def _cells(records):
@@ -75,6 +75,7 @@ def build(out: str, *, target_samples: int = 650_000, target_epochs: int = 5, ca
     frameworks = list(dict.fromkeys(k[2] for k in cells))
     instances, notes = load_catalog(catalog)
     advice = None
+    catalog_md = ""
     _write_csv(outdir / "results.csv", cells.values(), failed.values())
     if cells:
         every = [r for r in records if r["kind"] == "cell"]  # every repeat: the model takes medians
@@ -82,14 +83,17 @@ def build(out: str, *, target_samples: int = 650_000, target_epochs: int = 5, ca
         dbu = {r.cloud: r for r in load_dbu_rates() if r.workload == "jobs"}
         advice = build_advice(every, instances, dbu, plan, stores)
         md = markdown(cells, _spread(records), locations, stores, nodes, frameworks, advice, notes, errors)
+        catalog_md = catalog_markdown(advice)
+        _write_costs(outdir / "costs.csv", advice["projections"])
         if advice["reference"]:
             _write_reference(outdir / "reference.json", advice["reference"])
     else:
         md = markdown_nothing_measured(records, errors)
     (outdir / "report.md").write_text(md)
-    (outdir / "report.html").write_text(html(md, cells, stores, nodes, frameworks))
+    (outdir / "report.html").write_text(html(md, cells, stores, nodes, frameworks, catalog_md))
     return {"report_md": str(outdir / "report.md"), "report_html": str(outdir / "report.html"),
-            "results_csv": str(outdir / "results.csv"), "cells": len(cells), "errors": len(errors),
+            "results_csv": str(outdir / "results.csv"),
+            "costs_csv": str(outdir / "costs.csv") if cells else None, "cells": len(cells), "errors": len(errors),
             "failed_cells": len(failed), "first_error": _failure_line(errors[0]) if errors else None,
             "recommendation": advice and advice["recommendation"],
             "reference": advice and advice["reference"] and advice["reference"]["rows"]}
@@ -132,6 +136,23 @@ def _write_csv(path: Path, cells, failed) -> None:
             row.update(store=e["store"], node=e.get("node") or "", framework=e.get("framework") or "",
                        failed_stage=e.get("stage", ""), error=redact(e["error"]))
             w.writerow(row.values())
+
+
+COST_COLUMNS = ["option", "store", "loader", "cloud", "region", "instance", "vcpus", "vcpus_needed", "gpus", "device",
+                "device_how", "samples_per_s", "seconds", "usd_per_hour", "usd_per_job", "spot_usd_per_hour",
+                "spot_usd_per_job", "usd_per_1k_samples", "time_vs_fastest", "cost_vs_cheapest", "fastest", "cheapest",
+                "bottleneck", "ram_note", "price_date", "price_source"]
+
+
+def _write_costs(path: Path, projections: dict[str, list[dict]]) -> None:
+    """costs.csv: every option on every instance of the catalog, as the model projects it (the
+    report shows the few rows that matter)."""
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(COST_COLUMNS)
+        for rows in projections.values():
+            for r in rows:
+                w.writerow([r.get("machine") if k == "instance" else r.get(k) for k in COST_COLUMNS])
 
 
 def _ms(seconds: float | None):

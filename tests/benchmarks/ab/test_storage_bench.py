@@ -95,7 +95,10 @@ def test_local_backend_stages_every_store_on_local_disk_behind_the_emulation(tin
     md = (out / "report.md").read_text()
     assert "- **Layout effect** (compacted vs small files, both on local storage, emulated azure-blob latency, " \
            "both read with 2 reader workers, 4 requests in flight)" in md
-    assert f"- **Location effect** (the same {loc['store']} store, both read with 2 reader workers" in md
+    # 96 samples read in a few ms: a ratio when the reads lasted long enough to mean something, else said to be
+    # too short, with the reason (issue #25: never a ratio from a 3 ms measurement)
+    assert (f"- **Location effect** (the same {loc['store']} store, both read with 2 reader workers" in md
+            or f"- **Location effect** ({loc['store']}): not measured reliably: " in md)
 
 
 @pytest.fixture(scope="module")

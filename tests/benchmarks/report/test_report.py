@@ -124,10 +124,10 @@ def test_layout_and_location_effects(tmp_path):
     assert ("| t4 (estimate) on this machine (4 vCPUs) | 15 min (399/s, io-latency) | **6 min (1,000/s, compute)** | "
             "6 min (1,000/s, compute) |") in md
     assert (f"- **Layout effect** (compacted vs small files, both on {place}, both read with {budget}): ingest-only, "
-            "the best compacted store (delta) 500 samples/s, the small files 50 samples/s: **10.0x**. Per node, projected: "
+            "the best compacted store (delta) 500 samples/s, the small files 50 samples/s: **10x**. Per node, projected: "
             "the gains under the headline.") in md
     assert (f"- **Location effect** (the same delta store, both read with {budget}): ingest-only from local disk "
-            f"as it is 2,000 samples/s, from {place}: 500 samples/s: **4.0x** faster on local disk.") in md
+            f"as it is 2,000 samples/s, from {place}: 500 samples/s: **4x** faster on local disk.") in md
     assert md.index("## Training time") < md.index("## Layout effect and location effect") < md.index("## Why")
 
 
@@ -142,7 +142,7 @@ def test_a_comparison_across_storage_is_labelled_as_mixing_location_and_layout(t
     assert "every store read from: different storage or budgets (see each cell)" in md
     assert ("- **Compacted vs small files, mixing location and layout**: the cells were read from different storage "
             "or with different connection budgets, so this is not the layout effect alone: ingest-only, the best "
-            "compacted store (parquet) 400 samples/s, the small files 50 samples/s: **8.0x**.") in md
+            "compacted store (parquet) 400 samples/s, the small files 50 samples/s: **8x**.") in md
     assert "**Layout effect**" not in md and "- **Location effect**: not measured" in md
 
 
