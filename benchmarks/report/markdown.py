@@ -70,7 +70,12 @@ BINDS = {
 }
 
 
-def _binds(bottleneck: str) -> str:
+def _binds(bottleneck: str, advice) -> str:
+    """What sets the pace and what helps; never a faster GPU where the headline shows every GPU
+    giving the same time."""
+    if bottleneck == "compute" and _same_gpu_rows(advice):
+        return ("the accelerator's per-step floor sets the pace: every GPU of the headline gives the same time, so a "
+                "faster GPU does not help; a larger batch does")
     return BINDS.get(bottleneck, f"{bottleneck} sets the pace")
 
 
@@ -113,7 +118,7 @@ def _answer(advice, cells, locations, contended) -> list[str]:
                      f"{w.samples:,} samples x {w.epochs} epoch{'s' if w.epochs != 1 else ''}, the cheapest of the catalog.")
         lines.append("")
         row = ch
-        lines.append(f"- **What binds**: {ch['bottleneck']}: {_binds(ch['bottleneck'])}.")
+        lines.append(f"- **What binds**: {ch['bottleneck']}: {_binds(ch['bottleneck'], advice)}.")
         if fa is not ch:
             lines.append(f"- **Fastest instead**: {fa['option']} on {fa['cloud']} {fa['machine']}: "
                          f"{fmt_time(fa['seconds'])}, {fmt_usd(fa['usd_per_job'])} per job "
@@ -127,7 +132,7 @@ def _answer(advice, cells, locations, contended) -> list[str]:
         lines.append(f"**Use {row['option']}**: {fmt_time(row['seconds'])} per job on {row['machine']} for "
                      f"{w.samples:,} samples x {w.epochs} epoch{'s' if w.epochs != 1 else ''} (no priced instance in the catalog, so no cost).")
         lines.append("")
-        lines.append(f"- **What binds**: {row['bottleneck']}: {_binds(row['bottleneck'])}.")
+        lines.append(f"- **What binds**: {row['bottleneck']}: {_binds(row['bottleneck'], advice)}.")
     for g in filter(None, advice["gains"]):
         if g["repack_gain"] >= GAIN_WORTH_SAYING:
             lines.append(f"- **Repacking** on {g['node']}: {g['repacked']} is {fmt_ratio(g['repack_gain'])} faster "
@@ -140,6 +145,19 @@ def _answer(advice, cells, locations, contended) -> list[str]:
 
 #: A projected gain under this ratio is "about the same", not a speed-up worth stating.
 GAIN_WORTH_SAYING = 1.15
+
+
+def _same_gpu_rows(advice) -> list[str]:
+    """The GPU nodes of the headline whose every option projects to the same time (2 or more), or []."""
+    gpus = [h for h in advice["headline"] if h["machine"].device.is_gpu and h["rows"]]
+    times = {h["node"]: tuple(round(r["seconds"], 6) for r in h["rows"]) for h in gpus}
+    if len(times) < 2 or len(set(times.values())) != 1:
+        return []
+    return list(times)
+
+
+def _all_compute(advice, nodes: list[str]) -> bool:
+    return all(r["bottleneck"] == "compute" for h in advice["headline"] if h["node"] in nodes for r in h["rows"])
 
 
 def _deviation(d: float | None) -> str:
@@ -197,7 +215,18 @@ def _headline(advice) -> list[str]:
         label = f"{h['node']} ({h['instance']})" if h.get("instance") else h["rows"][0]["machine"] if h["rows"] else h["node"]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines.append("")
+    same = _same_gpu_rows(advice)
+    if same:
+        lines.append(f"- **{', '.join(same)}**: the same time on every GPU: "
+                     + ("each step lasts the profile's per-step floor (an estimate at this small a model and batch), "
+                        "so a faster GPU does not help here; a larger batch, or `storage-bench calibrate` on the real "
+                        "GPU, says more" if _all_compute(advice, same) else
+                        "every one is bound by the same thing, outside the GPU, so a faster GPU does not help") + ".")
+    little = []
     for g in filter(None, advice["gains"]):
+        if g["repack_gain"] < GAIN_WORTH_SAYING and not g["better_loading"]:
+            little.append(g["node"])  # said once for all such nodes, below
+            continue
         if g["repack_gain"] >= GAIN_WORTH_SAYING:
             text = (f"- **{g['node']}**: repacking ({g['repacked']}) is **{fmt_ratio(g['repack_gain'])}** faster than "
                     f"{g['today']} ({fmt_time(g['repacked_s'])} vs {fmt_time(g['today_s'])})")
@@ -207,6 +236,9 @@ def _headline(advice) -> list[str]:
         if g["better_loading"]:
             text += f"; better loading alone ({g['better_loading']}) would be {fmt_ratio(g['better_loading_gain'])}"
         lines.append(text + ".")
+    if little:
+        lines.append(f"- **{', '.join(little)}**: repacking changes little (under "
+                     f"{fmt_num((GAIN_WORTH_SAYING - 1) * 100)}%): the layout is not what binds there.")
     return lines + [""]
 
 

@@ -144,3 +144,21 @@ document.body.setAttribute('data-answer', [bottom('Use '), bottom('What binds'),
     res = subprocess.run(flags + [f"--screenshot={shot}", (tmp_path / "report.html").as_uri()], capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == 0 and shot.stat().st_size > 20_000  # a rendered screen, not a blank one
+
+
+def test_identical_gpu_rows_say_why_and_no_faster_gpu_is_advised(tmp_path):
+    """A tiny model at batch 8: every emulated GPU's step is the profile's floor, so every GPU row
+    is the same; the report says why and does not advise a faster GPU."""
+    records = [cell(s, n, compute=2000, ingest=5000.0, real=2000.0, batch_size=8, flops_per_step=1e6)
+               for s in ("blob", "parquet") for n in ("t4", "a100", "h100")]
+    write_results(tmp_path, records)
+    report.build(str(tmp_path), target_samples=100_000, target_epochs=1)
+    md = (tmp_path / "report.md").read_text()
+    assert ("- **t4, a100, h100**: the same time on every GPU: each step lasts the profile's per-step floor" in md)
+    head = md.split("\n## Training time")[0]
+    assert "- **What binds**: compute: the accelerator's per-step floor sets the pace: every GPU of the headline " \
+           "gives the same time, so a faster GPU does not help; a larger batch does." in head
+    assert "a faster or a second GPU helps" not in md
+    # repacking changes nothing on any of them: said once, not once per node
+    assert md.count("repacking changes little") == 1
+    assert "- **t4, a100, h100**: repacking changes little (under 15%): the layout is not what binds there." in md
