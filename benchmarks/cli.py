@@ -55,7 +55,7 @@ def _shape(text: str) -> tuple[int, ...]:
     return shape
 
 
-@app.command(help="Generate a synthetic, learnable dataset shaped like the reference cases: numpy volumes "
+@app.command(short_help="Generate a synthetic, learnable dataset (volumes or images).", help="Generate a synthetic, learnable dataset shaped like the reference cases: numpy volumes "
                   "(one .npy per sample, label = sign of the mean of channel 0 over a corner region, in "
                   "labels.csv or class folders) or JPEG class folders.")
 def generate(
@@ -106,7 +106,7 @@ def _csv(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
-@app.command(help="Run the storage A/B matrix on one dataset: --stores x --nodes x --frameworks. Every store "
+@app.command(short_help="Measure the storage A/B matrix and write the report.", help="Run the storage A/B matrix on one dataset: --stores x --nodes x --frameworks. Every store "
                   "(the small files too) is staged on one --storage-backend and every cell reads it from there, "
                   "through the --storage-profile latency emulation, with one connection budget (--workers, "
                   "--io-concurrency): the cells differ by layout only (the layout effect). The best compacted store is also read from local disk as it is "
@@ -217,7 +217,7 @@ def _fail_unless_measured(info: dict) -> None:
                              f"first failure: {info['first_error'] or 'none recorded'}")
 
 
-@app.command(help="Rebuild results.csv, costs.csv, report.md and report.html from OUT/results.jsonl.")
+@app.command(short_help="Rebuild the report from OUT/results.jsonl.", help="Rebuild results.csv, costs.csv, report.md and report.html from OUT/results.jsonl.")
 def report(
     out: Path = typer.Argument(..., help="A folder written by `storage-bench run`."),
     target_samples: int = typer.Option(650_000, "--target-samples"),
@@ -236,7 +236,7 @@ def report(
         _fail_unless_measured(info)
 
 
-@app.command(help="Measure compute-only step time of the model on this machine's device (CPU, or CUDA when "
+@app.command(short_help="Measure this machine's step time (a node profile).", help="Measure compute-only step time of the model on this machine's device (CPU, or CUDA when "
                   "present) and save it as an accelerator profile that `run --nodes PROFILE` uses instead of the "
                   "FLOPs estimate.")
 def calibrate(
@@ -264,7 +264,7 @@ def calibrate(
     typer.echo(f"{label}: {seconds * 1e3:.1f} ms per step of batch {batch_size} -> {out}")
 
 
-@app.command(help="Measure an object store (or any folder or fsspec URL) the way the latency emulation models "
+@app.command(short_help="Measure an object store (latency, bandwidth, client CPU).", help="Measure an object store (or any folder or fsspec URL) the way the latency emulation models "
                   "one: the request-time distribution of small GETs (p50/p90/p99), single-stream bandwidth of large "
                   "range reads, throughput at concurrency 1, 2, 4, ... --max-concurrency, and the client's CPU-seconds "
                   "per GB at 1, 8 and 32 requests in flight (process CPU time; those up to --max-concurrency), read "
@@ -309,7 +309,7 @@ def probe(
         typer.echo(redact_json(asdict(profile)) if as_json else redact(summary(profile)))
 
 
-@app.command(help="Print the instance catalog: prices in USD per hour (Linux, on demand and spot) with the date and "
+@app.command(short_help="Print (or --refresh) the instance price catalog.", help="Print the instance catalog: prices in USD per hour (Linux, on demand and spot) with the date and "
                   "source of each, and the Databricks DBU rates. --refresh fetches current prices from the Azure Retail "
                   "Prices API and the AWS price list (AmazonEC2 offer file) and writes the updated catalog to --out; "
                   "without --out it prints what would change and writes nothing. Progress on stderr.")

@@ -2,6 +2,7 @@
 account for every step. Also `python -m trainfeed.training`."""
 from __future__ import annotations
 
+import math
 import sys
 from enum import Enum
 from typing import List, Optional
@@ -46,19 +47,55 @@ def run(cfg: TrainConfig) -> dict:
     return train(cfg)
 
 
+def _sig(x: float, digits: int = 3) -> str:
+    """``x`` to ``digits`` significant figures, fixed notation, thousands separated: 189, 0.194, 12,300."""
+    if not x:
+        return "0"
+    places = digits - 1 - math.floor(math.log10(abs(x)))
+    return f"{round(x, places):,.{max(0, places)}f}"
+
+
+def _duration(seconds: float | None) -> str:
+    """A duration in a unit that suits it: "0.1 ms", "254 ms", "12.3 s", "4.5 min", "2.1 h"."""
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return f"{_sig(seconds * 1e3, 1 if seconds < 1e-3 else 3)} ms"
+    if seconds < 120:
+        return f"{_sig(seconds)} s"
+    return f"{_sig(seconds / 60)} min" if seconds < 7200 else f"{_sig(seconds / 3600)} h"
+
+
+def _throughput(samples_per_s: float | None, mb_per_s: float | None) -> str:
+    """Samples/s and the bytes delivered, in MB/s, or kB/s below 1 MB/s."""
+    if not samples_per_s:
+        return "-"
+    data = "-" if mb_per_s is None else (f"{_sig(mb_per_s)} MB/s" if mb_per_s >= 1 else f"{_sig(mb_per_s * 1e3)} kB/s")
+    return f"{_sig(samples_per_s)} samples/s, {data} delivered"
+
+
+def _percent(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{100 * fraction:.1f}%"
+
+
 def _human(s: dict) -> str:
     util = s.get("utilization", {})
+    threads = s.get("torch_threads")
     lines = [
         f"trained {s['framework']} on {s['device']} from {s['format']} store {s['store']}"
         + (f" (version {s['delta_version']})" if s.get("delta_version") is not None else ""),
         f"  steps        {s['steps']} ({s['steps_measured']} measured after {s['warmup_steps']} warm-up), "
         f"batch {s['batch_size']}",
-        f"  throughput   {s['samples_per_s']} samples/s, {s['mb_per_s']} MB/s delivered",
-        f"  time         data wait {s['data_wait_s']} s + compute {s['compute_s']} s "
+        f"  throughput   {_throughput(s['samples_per_s'], s['mb_per_s'])}",
+        f"  time         data wait {_duration(s['data_wait_s'])} + compute {_duration(s['compute_s'])} "
         f"(stall {100 * (s['stall_fraction'] or 0):.1f}%, AU {100 * (s['au'] or 0):.1f}%)",
         f"  machine      CPU {util.get('cpu_percent_mean', '?')}%, RSS max {util.get('rss_mb_max', '?')} MB",
-        f"  accuracy     train {s.get('train_accuracy')}" + (f", eval {s['eval']['accuracy']}" if s.get("eval") else ""),
     ]
+    if threads:
+        lines.append(f"  threads      torch intra-op {threads['intra_op']} ({threads['how']}: {threads['cores']} cores, "
+                     f"reader threads {threads['reader_workers']}; OMP_NUM_THREADS chooses)")
+    lines.append(f"  accuracy     train {_percent(s.get('train_accuracy'))}"
+                 + (f", eval {_percent(s['eval']['accuracy'])}" if s.get("eval") else ""))
     if s.get("preempted"):
         lines.append("  preempted    by SIGTERM: checkpoint saved; rerun with --resume")
     return "\n".join(lines)

@@ -114,6 +114,7 @@ def check(cfg: TrainConfig) -> None:
                 raise TrainfeedError("--device cuda: no CUDA device is available to PyTorch here "
                                      f"(torch {torch.__version__}); use --device cpu")
         else:
+            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up lines, before its first import
             import tensorflow as tf
 
             if not tf.config.list_physical_devices("GPU"):

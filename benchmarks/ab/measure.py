@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from pathlib import Path
 from typing import Callable, Iterable
@@ -130,6 +131,7 @@ def compute_only_torch(shape, batch: int, width: int, steps: int, device: str = 
 
 def compute_only_tf(shape, batch: int, width: int, steps: int) -> tuple[float, float]:
     """As ``compute_only_torch``, for the Keras model."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up lines
     import keras
     import tensorflow as tf
 

@@ -7,6 +7,7 @@ for a while, so stopping waits briefly and then kills it (see localserver.py).
 from __future__ import annotations
 
 import shutil
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +70,10 @@ def start(port: int | None = None, workdir: Path | None = None, timeout: float =
                   name="Azurite", error=AzuriteError, port=port, workdir=workdir, timeout=timeout)
 
 
+def _exit_on_signal(signum, frame) -> None:
+    raise SystemExit(0)
+
+
 def main() -> None:
     """``python -m trainfeed.benchmarks.emulators.azurite``: run Azurite in the foreground for trying
     trainfeed against Azure Blob without an Azure account; prints the storage option to use."""
@@ -83,12 +88,16 @@ def main() -> None:
         server = start(args.port, Path(args.location) if args.location else None)
     except AzuriteError as exc:
         raise SystemExit(f"error: {exc}") from None
+    # SIGTERM (kill, a service manager, the end of a job) stops Azurite too: its node process runs in a
+    # session of its own, so without this it would outlive us (the `with` below stops it on the way out)
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    signal.signal(signal.SIGHUP, _exit_on_signal)
     with server:
         server.create_container(args.container)
         print(f"Azurite is listening on {server.endpoint} with container {args.container!r}. Use it with:\n"
               f"  --storage-option 'connection_string={server.connection_string}'\n"
               f"or export AZURE_STORAGE_CONNECTION_STRING='{server.connection_string}'\n"
-              "Ctrl-C stops it.", flush=True)
+              "Ctrl-C (or SIGTERM) stops it.", flush=True)
         try:
             server.process.wait()
         except KeyboardInterrupt:

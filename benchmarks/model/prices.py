@@ -145,18 +145,25 @@ def _money(value: float | None) -> str:
     return "-" if value is None else f"{value:g}"
 
 
+def short_source(source: str, limit: int = 90) -> str:
+    """A price's source, its first clause only (the file or API it was read from), for the table."""
+    head = source.split(" (")[0].split(";")[0].strip()
+    return head if len(head) <= limit else head[:limit - 3].rstrip() + "..."
+
+
 def table(instances: list[Instance], rates: list[DbuRate]) -> str:
     """The catalog for people: one line per instance, $ per hour, with the price's date and source."""
     head = ("cloud", "region", "instance", "vCPUs", "RAM GiB", "GPUs", "GPU", "on-demand $/h", "spot $/h", "DBU/h",
             "price date", "source")
     rows = [head] + [(i.cloud, i.region or "-", i.name, str(i.vcpus), f"{i.ram_gib:g}", str(i.gpus), i.gpu_model or "-",
-                      _money(i.on_demand), _money(i.spot), _money(i.dbu_per_hour), i.price_date or "-", i.source)
-                     for i in instances]
+                      _money(i.on_demand), _money(i.spot), _money(i.dbu_per_hour), i.price_date or "-",
+                      short_source(i.source)) for i in instances]
     widths = [max(len(r[c]) for r in rows) for c in range(len(head) - 1)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)) + "  " + r[-1] for r in rows]
     lines += ["", "Databricks DBU rates (USD per DBU; an instance costs VM $/h + DBU/h x rate):"]
-    lines += [f"  {r.cloud} {r.plan} {r.workload}: {r.usd_per_dbu:g} $/DBU ({r.date}; {r.source})" for r in rates]
-    lines += ["", "$ columns: USD per hour, Linux; spot prices move hourly. Refresh: storage-bench prices --refresh --out FILE"]
+    lines += [f"  {r.cloud} {r.plan} {r.workload}: {r.usd_per_dbu:g} $/DBU ({r.date}; {short_source(r.source)})" for r in rates]
+    lines += ["", "$ columns: USD per hour, Linux; spot prices move hourly. Refresh: storage-bench prices --refresh --out FILE",
+              "source: where each price was read; the full text (how, which row, notes): storage-bench prices --json"]
     return "\n".join(lines)
 
 

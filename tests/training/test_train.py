@@ -282,3 +282,47 @@ def test_trains_through_a_petastorm_pool(tmp_path, learnable):
     assert res.exit_code == 0, res.stderr
     s = json.loads(res.stdout)
     assert s["config"]["pool"] == "sharded" and s["steps"] == 2 and s["samples"] == 32
+
+
+def test_figures_are_printed_for_people():
+    from trainfeed.training.cli import _duration, _throughput
+
+    assert [_duration(s) for s in (0.000102, 0.2538, 12.345, 754, 9000)] == \
+        ["0.1 ms", "254 ms", "12.3 s", "12.6 min", "2.50 h"]
+    assert _throughput(18.589, 0.018589) == "18.6 samples/s, 18.6 kB/s delivered"
+    assert _throughput(12345.6, 250.4) == "12,300 samples/s, 250 MB/s delivered"
+
+
+def test_torch_threads_are_the_cores_the_readers_leave_and_said(tmp_path, monkeypatch):
+    """torch's default (a thread per core) fights the reader threads for the cores: `train` gives
+    it the cores the --workers threads leave (at least 1), unless OMP_NUM_THREADS chooses, and says so."""
+    import os
+    import re
+
+    import torch
+
+    from trainfeed.converters.cli import app
+    from tests.conftest import write_volumes
+
+    write_volumes(tmp_path / "v", 32, shape=(4, 4, 2, 1))
+    assert run_cli(app, tmp_path / "v", tmp_path / "s.h5", "--to", "hdf5", "--no-progress").exit_code == 0
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    res = train_cli("--data", tmp_path / "s.h5", "--out", tmp_path / "o", "--width", "8", "--batch-size", "8",
+                    "--workers", "1")
+    assert res.exit_code == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert f"  threads      torch intra-op {max(1, cores - 1)} (cores left by the reader threads: {cores} cores, " \
+           "reader threads 1; OMP_NUM_THREADS chooses)" in lines
+    assert re.fullmatch(r"  accuracy     train \d+\.\d%", lines[-1])
+    assert torch.get_num_threads() == max(1, cores - 1)
+    (throughput,) = [line for line in lines if line.startswith("  throughput")]
+    assert re.fullmatch(r"  throughput   [\d,.]+ samples/s, [\d,.]+ (kB|MB)/s delivered", throughput)
+    (times,) = [line for line in lines if line.startswith("  time")]
+    assert re.match(r"  time         data wait [\d,.]+ (ms|s|min) \+ compute [\d,.]+ (ms|s|min) ", times)
+    assert not re.search(r"\d\.\d{4,}", res.stdout)  # no figure with more digits than it means
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    res = train_cli("--data", tmp_path / "s.h5", "--out", tmp_path / "o2", "--width", "8", "--batch-size", "8",
+                    "--json")
+    assert json.loads(res.stdout)["torch_threads"] == {"intra_op": 1, "cores": cores, "reader_workers": 2,
+                                                       "how": "OMP_NUM_THREADS"}

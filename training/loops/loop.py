@@ -104,6 +104,8 @@ def train(cfg: TrainConfig) -> dict:
     extra = {"parameters": fw.parameters(), "train_accuracy": round(correct / seen, 4) if seen else None,
              "preempted": preempted, "resumed_from_step": start.global_step if cfg.resume else None,
              "global_step": global_step, "run_seconds": round(time.perf_counter() - t_start, 3)}
+    if getattr(fw, "threads", None):
+        extra["torch_threads"] = fw.threads
     if p.eval_store is not None and not preempted and p.rank == 0:
         extra["eval"] = evaluate(cfg, p, fw)
     summary = summarize(cfg, p, timer, util, extra)
