@@ -50,7 +50,12 @@ class TorchDataset(IterableDataset):
     Call ``set_epoch(e)`` before each epoch (a new seeded order). ``state_dict(n)``, after n
     batches of an epoch's iterator, and ``load_state_dict`` resume at the exact next batch
     without reading earlier pieces; resume with the same batch size, seed, world size and
-    DataLoader ``num_workers`` (not ``persistent_workers``: the epoch is set in this process)."""
+    DataLoader ``num_workers``.
+
+    Worker processes of every start method (fork, forkserver, spawn) read with clients of their
+    own: the dataset pickles as the store's description (URL, options, the object versions
+    pinned at open), never as open connections. The epoch and resume point live in shared
+    memory, so ``persistent_workers=True`` workers follow ``set_epoch`` and ``load_state_dict``."""
 
     def __init__(self, store: Store | str, *, batch_size: int = 32, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, workers: int = 2, pool: Pool = "arrow", shuffle_buffer: int = 256,
@@ -58,12 +63,23 @@ class TorchDataset(IterableDataset):
         self.store = store if isinstance(store, Store) else open_store(store, storage_options=storage_options)
         self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
         self.workers, self.pool, self.shuffle_buffer, self.augment = workers, pool, shuffle_buffer, augment
-        self.epoch = 0
-        self._first_batch = 0  # of self.epoch, where the next iteration starts
+        # [epoch, first batch of that epoch where the next iteration starts], seen by worker processes
+        self._position = torch.zeros(2, dtype=torch.int64).share_memory_()
+
+    @property
+    def epoch(self) -> int:
+        return int(self._position[0])
+
+    @property
+    def _first_batch(self) -> int:
+        return int(self._position[1])
+
+    def _move_to(self, epoch: int, first_batch: int) -> None:
+        self._position.copy_(torch.tensor([epoch, first_batch], dtype=torch.int64))
 
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
-            self.epoch, self._first_batch = epoch, 0
+            self._move_to(epoch, 0)
 
     def _batches_of(self, shard: int, num_shards: int) -> int:
         rows = self.store.reader.shard_rows(shard, num_shards)
@@ -74,10 +90,11 @@ class TorchDataset(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
         rank, world = _rank_world()
         counts = [self._batches_of(rank * workers + w, world * workers) for w in range(workers)]
-        starts, first = resume_points(counts, self._first_batch)
+        epoch, first_batch = self.epoch, self._first_batch
+        starts, first = resume_points(counts, first_batch)
         logical = (worker + first) % workers  # the DataLoader starts with its worker 0
         batches = self.store.batches(
-            self.batch_size, shuffle=self.shuffle, seed=self.seed, epoch=self.epoch, start_batch=starts[logical],
+            self.batch_size, shuffle=self.shuffle, seed=self.seed, epoch=epoch, start_batch=starts[logical],
             drop_last=self.drop_last, workers=self.workers, pool=self.pool, shuffle_buffer=self.shuffle_buffer,
             shard=rank * workers + logical, num_shards=world * workers, augment=self.augment)
         for batch in batches:
@@ -95,4 +112,4 @@ class TorchDataset(IterableDataset):
         if differ:
             raise TrainfeedError(f"{self.store.uri}: cannot resume: the state was saved with other "
                                  + ", ".join(f"{k} ({state.get(k)!r}, now {mine[k]!r})" for k in differ))
-        self.epoch, self._first_batch = int(state["epoch"]), int(state["batch"])
+        self._move_to(int(state["epoch"]), int(state["batch"]))

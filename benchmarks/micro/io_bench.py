@@ -10,7 +10,13 @@ One dataset of volumes is converted to Parquet, Delta and HDF5 on local disk, th
 - **epoch**: ``open_store(URL, io_concurrency=N)`` and one shuffled epoch (2 workers), same
   concurrency, next to the floor in the same round (interleaved);
 - **local**: one epoch of the store on local disk (the decode cost the floor does not pay);
-- **cache**: at 8 in flight, epoch 1 filling a fresh ``cache_dir`` and epoch 2 from it.
+- **cache**: at 8 in flight, epoch 1 filling a fresh ``cache_dir`` and epoch 2 from it;
+- **dataloader**: what most PyTorch users run: ``DataLoader(TorchDataset(store), num_workers=W)``
+  under each start method (fork, forkserver, spawn), W = 2 and 4, without and with a fresh
+  ``cache_dir``; CPU counts this process and the worker processes (their startup included).
+
+Each server is measured as it answers (0 ms) and behind a relay that adds ``--latency-ms`` to
+every request (what a cloud region adds), the floor remeasured behind the same relay.
 
 Servers: Azurite (Azure Blob) and s3rver (S3, file-backed: its range GETs read only the range;
 moto copies the whole object per range and cannot time a range reader), both on loopback,
@@ -40,6 +46,7 @@ from trainfeed.converters.storage.filesystems import open_fs
 from trainfeed.converters.formats.registry import FORMATS
 
 from trainfeed.benchmarks.emulators import azurite, s3rver
+from trainfeed.benchmarks.emulators.latency import LatencyRelay
 from trainfeed.benchmarks.synth import generate_volumes
 
 BUCKET = "bench"
@@ -81,6 +88,36 @@ def epoch(url: str, options: dict, workers: int, **kwargs) -> int:
     return sum(len(b.ids) for b in store.batches(batch_size=32, shuffle=True, seed=1, workers=workers))
 
 
+def loader_epoch(url: str, options: dict, method: str, workers: int, **kwargs) -> tuple[int, float]:
+    """One epoch through a DataLoader with ``workers`` processes started by ``method``: (samples,
+    CPU-seconds of the worker processes, read from /proc while they run)."""
+    import psutil
+    from torch.utils.data import DataLoader
+
+    store = trainfeed.open_store(url, storage_options=options, **kwargs)
+    dataset = trainfeed.TorchDataset(store, batch_size=32, seed=1)
+    batches = iter(DataLoader(dataset, batch_size=None, num_workers=workers, multiprocessing_context=method,
+                              timeout=600))
+    procs: dict[int, psutil.Process] = {}
+    cpu: dict[int, float] = {}
+    samples = 0
+    for _, y in batches:
+        samples += len(y)
+        for worker in getattr(batches, "_workers", []):
+            try:
+                times = procs.setdefault(worker.pid, psutil.Process(worker.pid)).cpu_times()
+                cpu[worker.pid] = times.user + times.system
+            except psutil.Error:
+                pass
+    return samples, sum(cpu.values())
+
+
+def relayed(options: dict, server_port: int, relay_port: int) -> dict:
+    """The storage options with the server's port replaced by the relay's."""
+    return {k: v.replace(f":{server_port}", f":{relay_port}") if isinstance(v, str) else v
+            for k, v in options.items()}
+
+
 def run(args) -> list[dict]:
     records: list[dict] = []
 
@@ -102,11 +139,11 @@ def run(args) -> list[dict]:
         if "azurite" in args.servers:
             server = stack.enter_context(azurite.start())
             server.create_container(BUCKET)
-            servers["azurite"] = ("abfs", server.storage_options)
+            servers["azurite"] = ("abfs", server.storage_options, server.port)
         if "s3rver" in args.servers:
             server = stack.enter_context(s3rver.start(BUCKET))
-            servers["s3rver"] = ("s3", server.storage_options)
-        for name, (scheme, options) in servers.items():
+            servers["s3rver"] = ("s3", server.storage_options, server.port)
+        for name, (scheme, options, port) in servers.items():
             fs, _ = open_fs(f"{scheme}://{BUCKET}", options)
             urls = {}
             for fmt in args.formats:
@@ -122,59 +159,102 @@ def run(args) -> list[dict]:
                     trainfeed.convert(str(src), urls[fmt], format=fmt, labels=str(src / "labels.csv"),
                                       storage_options=options)
                 emit(m.record(nbytes, kind="convert", server=name, format=fmt))
-            for rnd in range(args.rounds):
-                for fmt in args.formats:
-                    url = urls[fmt]
-                    data = FORMATS[fmt].data_files(locate(url, options))
-                    objects = {p: fs.info(p)["size"] for p in data}
-                    nbytes = sum(objects.values())
-                    with Meter() as m:
-                        epoch(str(local[fmt]), {}, args.workers)
-                    emit(m.record(nbytes, kind="local", server=name, format=fmt, round=rnd))
-                    for c in args.concurrency:
-                        with Meter() as m:
-                            assert floor_read(fs, objects, c) == nbytes
-                        emit(m.record(nbytes, kind="floor", server=name, format=fmt, concurrency=c, round=rnd))
-                        with Meter() as m:
-                            assert epoch(url, options, args.workers, io_concurrency=c) == args.count
-                        emit(m.record(nbytes, kind="epoch", server=name, format=fmt, concurrency=c, round=rnd))
-                    cache = work / f"cache-{name}-{fmt}-{rnd}"
-                    for e in (1, 2):
-                        with Meter() as m:
-                            epoch(url, options, args.workers, io_concurrency=8, cache_dir=str(cache))
-                        emit(m.record(nbytes, kind=f"cache_epoch{e}", server=name, format=fmt, concurrency=8,
-                                      round=rnd))
-                    shutil.rmtree(cache, ignore_errors=True)
+            for latency in args.latency_ms:
+                if latency:
+                    relay = stack.enter_context(LatencyRelay(port, latency / 1000))
+                    measure(args, name, scheme, relayed(options, port, relay.port), urls, local, work, emit,
+                            latency)
+                else:
+                    measure(args, name, scheme, options, urls, local, work, emit, latency)
     return records
 
 
-def summary(records: list[dict]) -> str:
-    def med(kind: str, key: str, **match) -> float | None:
-        vals = [r[key] for r in records if r["kind"] == kind and all(r.get(k) == v for k, v in match.items())]
-        return statistics.median(vals) if vals else None
+def measure(args, name: str, scheme: str, options: dict, urls: dict, local: dict, work: Path, emit,
+            latency: int) -> None:
+    """The rounds on one server, as reached through ``options`` (directly or through a relay)."""
+    fs, _ = open_fs(f"{scheme}://{BUCKET}", options)
+    server = {"server": name, "latency_ms": latency}
+    for rnd in range(args.rounds):
+        for fmt in args.formats:
+            url = urls[fmt]
+            data = FORMATS[fmt].data_files(locate(url, options))
+            objects = {p: fs.info(p)["size"] for p in data}
+            nbytes = sum(objects.values())
+            with Meter() as m:
+                epoch(str(local[fmt]), {}, args.workers)
+            emit(m.record(nbytes, kind="local", **server, format=fmt, round=rnd))
+            for c in args.concurrency:
+                with Meter() as m:
+                    assert floor_read(fs, objects, c) == nbytes
+                emit(m.record(nbytes, kind="floor", **server, format=fmt, concurrency=c, round=rnd))
+                with Meter() as m:
+                    assert epoch(url, options, args.workers, io_concurrency=c) == args.count
+                emit(m.record(nbytes, kind="epoch", **server, format=fmt, concurrency=c, round=rnd))
+            cache = work / f"cache-{name}-{latency}-{fmt}-{rnd}"
+            for e in (1, 2):
+                with Meter() as m:
+                    epoch(url, options, args.workers, io_concurrency=8, cache_dir=str(cache))
+                emit(m.record(nbytes, kind=f"cache_epoch{e}", **server, format=fmt, concurrency=8,
+                              round=rnd))
+            shutil.rmtree(cache, ignore_errors=True)
+            if fmt not in args.loader_formats:
+                continue
+            for method in args.methods:
+                for workers in args.loader_workers:
+                    for cached in (False, True):
+                        cache = work / f"dl-cache-{name}-{latency}-{fmt}-{rnd}-{method}-{workers}"
+                        with Meter() as m:
+                            got, worker_cpu = loader_epoch(url, options, method, workers, io_concurrency=8,
+                                                           cache_dir=str(cache) if cached else None)
+                        assert got == args.count
+                        m.cpu += worker_cpu
+                        emit(m.record(nbytes, kind="dataloader", **server, format=fmt, method=method,
+                                      workers=workers, cache=cached, concurrency=8, round=rnd))
+                        shutil.rmtree(cache, ignore_errors=True)
 
-    lines = ["server   format  in flight | floor MB/s  trainfeed MB/s  ratio | CPU-s/GB floor  local  trainfeed  "
-             "x(floor+local)",
-             "-" * 112]
-    keys = sorted({(r["server"], r["format"], r["concurrency"]) for r in records if r["kind"] == "epoch"})
-    for server, fmt, c in keys:
-        f_mb, e_mb = med("floor", "mb_per_s", server=server, format=fmt, concurrency=c), \
-            med("epoch", "mb_per_s", server=server, format=fmt, concurrency=c)
-        f_cpu, e_cpu = med("floor", "cpu_s_per_gb", server=server, format=fmt, concurrency=c), \
-            med("epoch", "cpu_s_per_gb", server=server, format=fmt, concurrency=c)
-        l_cpu = med("local", "cpu_s_per_gb", server=server, format=fmt)
-        lines.append(f"{server:8} {fmt:7} {c:9} | {f_mb:10.0f} {e_mb:15.0f} {e_mb / f_mb:6.2f} | {f_cpu:14.2f} "
-                     f"{l_cpu:6.2f} {e_cpu:10.2f} {e_cpu / (f_cpu + l_cpu):15.2f}")
-    lines += ["", "server   format  | local MB/s  cache epoch 1  cache epoch 2  epoch2/local | raw upload MB/s  "
-              "convert MB/s  ratio", "-" * 112]
-    for server, fmt in sorted({(r["server"], r["format"]) for r in records if r["kind"] == "local"}):
-        loc = med("local", "mb_per_s", server=server, format=fmt)
-        c1, c2 = med("cache_epoch1", "mb_per_s", server=server, format=fmt), \
-            med("cache_epoch2", "mb_per_s", server=server, format=fmt)
-        up, conv = med("upload", "mb_per_s", server=server, format=fmt), med("convert", "mb_per_s", server=server,
-                                                                               format=fmt)
-        lines.append(f"{server:8} {fmt:7} | {loc:10.0f} {c1:14.0f} {c2:14.0f} {c2 / loc:13.2f} | {up:15.0f} "
-                     f"{conv:13.0f} {conv / up:6.2f}")
+
+def summary(records: list[dict]) -> str:
+    def med(kind: str, key: str, **match) -> float:
+        vals = [r[key] for r in records if r["kind"] == kind and all(r.get(k) == v for k, v in match.items())]
+        return statistics.median(vals) if vals else float("nan")
+
+    lines = ["server   +ms format  in flight | floor MB/s  trainfeed MB/s  ratio | CPU-s/GB floor  local  trainfeed  "
+             "x floor", "-" * 112]
+    for server, lat, fmt, c in sorted({(r["server"], r["latency_ms"], r["format"], r["concurrency"])
+                                       for r in records if r["kind"] == "epoch"}):
+        at = dict(server=server, latency_ms=lat, format=fmt)
+        f_mb, e_mb = med("floor", "mb_per_s", **at, concurrency=c), med("epoch", "mb_per_s", **at, concurrency=c)
+        f_cpu, e_cpu = med("floor", "cpu_s_per_gb", **at, concurrency=c), med("epoch", "cpu_s_per_gb", **at,
+                                                                              concurrency=c)
+        l_cpu = med("local", "cpu_s_per_gb", **at)
+        lines.append(f"{server:8} {lat:3} {fmt:7} {c:9} | {f_mb:10.0f} {e_mb:15.0f} {e_mb / f_mb:6.2f} | "
+                     f"{f_cpu:14.2f} {l_cpu:6.2f} {e_cpu:10.2f} {e_cpu / f_cpu:8.2f}")
+    lines += ["", "server   +ms format  | local MB/s  no cache  cache epoch 1  epoch1 cache/none  cache epoch 2",
+              "-" * 112]
+    for server, lat, fmt in sorted({(r["server"], r["latency_ms"], r["format"]) for r in records
+                                    if r["kind"] == "local"}):
+        at = dict(server=server, latency_ms=lat, format=fmt)
+        none, c1, c2 = (med("epoch", "mb_per_s", **at, concurrency=8), med("cache_epoch1", "mb_per_s", **at),
+                        med("cache_epoch2", "mb_per_s", **at))
+        lines.append(f"{server:8} {lat:3} {fmt:7} | {med('local', 'mb_per_s', **at):10.0f} {none:9.0f} {c1:14.0f} "
+                     f"{c1 / none:18.2f} {c2:14.0f}")
+    loader = sorted({(r["server"], r["latency_ms"], r["format"], r["method"], r["workers"]) for r in records
+                     if r["kind"] == "dataloader"})
+    if loader:
+        lines += ["", "DataLoader(TorchDataset): MB/s and CPU-s/GB (parent + workers), ratios to the floor at 8 in "
+                  "flight and to no cache", "server   +ms format  method     W | MB/s none  x floor  MB/s cache ep1  "
+                  "cache/none | CPU/GB none  x floor  CPU/GB cache", "-" * 112]
+        for server, lat, fmt, method, w in loader:
+            at = dict(server=server, latency_ms=lat, format=fmt)
+            f_mb, f_cpu = med("floor", "mb_per_s", **at, concurrency=8), med("floor", "cpu_s_per_gb", **at,
+                                                                             concurrency=8)
+            dl = dict(**at, method=method, workers=w)
+            n_mb, c_mb = med("dataloader", "mb_per_s", **dl, cache=False), med("dataloader", "mb_per_s", **dl,
+                                                                               cache=True)
+            n_cpu, c_cpu = med("dataloader", "cpu_s_per_gb", **dl, cache=False), \
+                med("dataloader", "cpu_s_per_gb", **dl, cache=True)
+            lines.append(f"{server:8} {lat:3} {fmt:7} {method:10} {w} | {n_mb:9.0f} {n_mb / f_mb:8.2f} {c_mb:15.0f} "
+                         f"{c_mb / n_mb:11.2f} | {n_cpu:11.2f} {n_cpu / f_cpu:8.2f} {c_cpu:12.2f}")
     return "\n".join(lines)
 
 
@@ -188,11 +268,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", default="1,8,32", help="requests in flight (default 1,8,32)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default 2)")
     parser.add_argument("--workers", type=int, default=2, help="the reader's decode workers (default 2)")
+    parser.add_argument("--latency-ms", default="0,20", help="latency added to every request, per pass (default 0,20)")
+    parser.add_argument("--methods", default="fork,forkserver,spawn", help="DataLoader start methods")
+    parser.add_argument("--loader-workers", default="2,4", help="DataLoader worker processes (default 2,4)")
+    parser.add_argument("--loader-formats", default="parquet", help="formats read through DataLoader (default parquet)")
     args = parser.parse_args(argv)
     args.shape = tuple(int(x) for x in args.shape.split("x"))
     args.formats = args.formats.split(",")
     args.servers = args.servers.split(",")
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    args.latency_ms = [int(v) for v in args.latency_ms.split(",")]
+    args.methods = [m for m in args.methods.split(",") if m]
+    args.loader_workers = [int(w) for w in args.loader_workers.split(",")]
+    args.loader_formats = [f for f in args.loader_formats.split(",") if f]
     records = run(args)
     print(summary(records), file=sys.stderr)
 

@@ -1,36 +1,58 @@
-"""A local disk cache of object ranges that can never serve stale or damaged bytes.
+"""A local disk cache of object ranges that can never serve stale or damaged bytes, and never
+touches a file it did not write.
 
 - **Keyed by object identity**: the object's URL, its version (ETag or version id, size, last
   modified, as the store's listing gave them when the reader opened it) and the range. An
   object replaced under the same name (a store overwritten, a table rewritten in place, an
   edited file) has another identity: its old ranges are never looked up again, only evicted.
-- **Checked on every read**: each file ends with a footer (magic, payload length, CRC-32);
-  a file of the wrong size, a bad footer or a checksum mismatch is deleted and reported as
-  a miss, so the range is fetched again.
-- **Shared by processes**: a range is written to a temporary name and renamed into place
-  (readers see all of it or nothing); the bytes in use are counted in ``.usage`` under an
-  exclusive lock on ``.lock``, and whoever pushes the total past ``limit`` evicts the least
-  recently used files (a hit touches its file's modification time) until it is under the
-  limit again. A file a reader has mapped stays readable after it is evicted.
+- **Checked on every read**: each file ends with a footer (magic, CRC-32, payload length and
+  a digest of the key); a file of the wrong size, a bad footer, a checksum mismatch or another
+  key's range is deleted and reported as a miss, so the range is fetched again.
+- **Owns its folder**: a folder is used only if the cache created it or it is empty (it is then
+  marked with ``.trainfeed-cache``); one holding any name the cache would not give is refused (``ForeignCacheFolder``) before anything
+  is read. Eviction and sweeping delete only files named as the cache names them, and a
+  range file only if its footer is the cache's.
+- **Shared by processes**: a range is written to a temporary name (``.<name>.<pid>.<n>.tmp``) and
+  renamed into place (readers see all of it or nothing); the bytes in use, temporary files
+  included, are counted in ``.usage`` under an exclusive lock on ``.lock``, and whoever pushes
+  the total past ``limit`` evicts the least recently used files (a hit touches its file's
+  modification time) until it is under the limit again. Temporary files of writers that are
+  gone are swept when a cache opens. A file a reader has mapped stays readable after eviction.
+- **Never in the way**: a folder that cannot be written (read-only, full) makes the cache a
+  pass-through with one warning; a read never fails because of the cache.
 """
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import itertools
 import mmap
 import os
+import re
 import struct
-import time
-import uuid
+import sys
 import zlib
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Iterable
 
-_MAGIC = b"TFC1"
-_FOOTER = struct.Struct("<4sIQ")  # magic, CRC-32 of the payload, payload length
+from trainfeed.converters.errors import UsageError
+
+_MAGIC = b"TFC2"
+_FOOTER = struct.Struct("<4sIQ16s")  # magic, CRC-32 of the payload, payload length, key digest
+FOOTER_SIZE = _FOOTER.size
+MARKER = ".trainfeed-cache"
+_MARKER_TEXT = "A trainfeed range cache (--cache-dir). trainfeed deletes only the files it wrote here.\n"
+#: What the cache itself may create: its marker, lock and usage files, and range files.
+_OWN_TOP = re.compile(r"(\.trainfeed-cache|\.lock|\.usage|\.usage\.\d+\.tmp|[0-9a-f]{2})")
+_RANGE = re.compile(r"[0-9a-f]{64}\.bin")
+_TEMP = re.compile(r"\.([0-9a-f]{64}\.bin)\.(\d+)\.\d+\.tmp")
 #: Eviction goes this far under the limit, so that the next puts do not each evict again.
 _LOW_WATER = 0.9
+
+
+class ForeignCacheFolder(UsageError):
+    """The cache folder holds files the cache did not write."""
 
 
 class DiskCache:
@@ -38,17 +60,68 @@ class DiskCache:
 
     def __init__(self, folder, limit: int):
         self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
         self.limit = limit
-        self.hits = self.misses = self.discarded = 0
+        self.hits = self.discarded = 0
+        self.usable = True
+        self._names = itertools.count()
+        self._claim()
+        if self.usable:
+            self._sweep_dead_writers()
+
+    def __getstate__(self) -> dict:
+        return {"folder": str(self.folder), "limit": self.limit}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["folder"], state["limit"])
+
+    # ------------------------------------------------------------------ ownership
+
+    def _claim(self) -> None:
+        """Use the folder only if the cache made it or it is empty; mark it as the cache's."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            if (self.folder / MARKER).is_file():
+                return
+            foreign = [p.name for p in self.folder.iterdir() if not _OWN_TOP.fullmatch(p.name)]
+            foreign += [f"{p.parent.name}/{p.name}" for p in self.folder.glob("??/*")
+                        if not (_RANGE.fullmatch(p.name) or _TEMP.fullmatch(p.name))]
+            if foreign:  # names the cache would have given are fine: an empty folder, or one being claimed
+                shown = ", ".join(sorted(foreign)[:3])
+                raise ForeignCacheFolder(f"--cache-dir {self.folder}: the folder holds {shown} and is not a trainfeed "
+                                         "cache; give a new or empty folder (the cache deletes what it evicts)")
+            (self.folder / MARKER).write_text(_MARKER_TEXT)
+        except OSError as exc:
+            self._unusable(exc)
+
+    def _unusable(self, exc: OSError) -> None:
+        if self.usable:
+            self.usable = False
+            print(f"warning: --cache-dir {self.folder}: cannot be used ({exc.strerror or exc}); reading without "
+                  "the cache", file=sys.stderr)
+
+    def _sweep_dead_writers(self) -> None:
+        """Remove temporary files whose writing process is gone (a killed reader's)."""
+        for tmp in self.folder.glob("*/.*.tmp"):
+            match = _TEMP.fullmatch(tmp.name)
+            if match and not _alive(int(match.group(2))):
+                with suppress(OSError):
+                    tmp.unlink()
+
+    # ------------------------------------------------------------------ ranges
+
+    @staticmethod
+    def _digest(key: str) -> bytes:
+        return hashlib.sha256(key.encode()).digest()
 
     def _file(self, key: str) -> Path:
-        digest = hashlib.sha256(key.encode()).hexdigest()
+        digest = self._digest(key).hex()
         return self.folder / digest[:2] / f"{digest}.bin"
 
     def get(self, key: str, size: int) -> memoryview | None:
         """The ``size`` bytes cached under ``key``, mapped from their file (no copy), or None:
-        not cached, or the file is damaged (then it is deleted)."""
+        not cached, or the file is damaged or another key's (then it is deleted)."""
+        if not self.usable:
+            return None
         file = self._file(key)
         try:
             with open(file, "rb") as f:
@@ -57,13 +130,12 @@ class DiskCache:
                     raise ValueError("size")
                 view = memoryview(mmap.mmap(f.fileno(), total, access=mmap.ACCESS_READ))
         except FileNotFoundError:
-            self.misses += 1
             return None
         except (ValueError, OSError):
             return self._discard(file)
-        magic, crc, length = _FOOTER.unpack(view[size:])
+        magic, crc, length, digest = _FOOTER.unpack(view[size:])
         payload = view[:size]
-        if magic != _MAGIC or length != size or zlib.crc32(payload) != crc:
+        if magic != _MAGIC or length != size or digest != self._digest(key)[:16] or zlib.crc32(payload) != crc:
             return self._discard(file)
         with suppress(OSError):
             os.utime(file)  # recency, seen by every process sharing the folder
@@ -72,33 +144,36 @@ class DiskCache:
 
     def _discard(self, file: Path) -> None:
         self.discarded += 1
-        self.misses += 1
         with suppress(OSError):
             file.unlink()
         return None
 
     def put(self, key: str, parts: Iterable) -> None:
-        """Keep ``parts`` (buffers, in order) as the range cached under ``key``."""
+        """Keep ``parts`` (buffers, in order) as the range cached under ``key``. A folder that
+        cannot take it (full, read-only) turns the cache into a pass-through, never a failure."""
+        if not self.usable:
+            return
         parts = list(parts)
         size = sum(memoryview(p).nbytes for p in parts)
         if size + _FOOTER.size > self.limit:
             return
         file = self._file(key)
-        file.parent.mkdir(exist_ok=True)
-        tmp = file.with_name(f".{file.name}.{uuid.uuid4().hex[:8]}.tmp")
+        tmp = file.with_name(f".{file.name}.{os.getpid()}.{next(self._names)}.tmp")
         crc = 0
         try:
+            file.parent.mkdir(exist_ok=True)
+            self._account(size + _FOOTER.size)  # counted while it is written: temporary files too
             with open(tmp, "wb") as f:
                 for part in parts:
                     f.write(part)
                     crc = zlib.crc32(part, crc)
-                f.write(_FOOTER.pack(_MAGIC, crc, size))
+                f.write(_FOOTER.pack(_MAGIC, crc, size, self._digest(key)[:16]))
             os.replace(tmp, file)  # readers see a whole range or none
-        except OSError:
+        except OSError as exc:
             with suppress(OSError):
                 tmp.unlink()
-            return  # a full disk makes the cache a pass-through, never a failure
-        self._account(size + _FOOTER.size)
+            if exc.errno not in (None, 0):
+                self._unusable(exc)
 
     @contextmanager
     def _locked(self):
@@ -115,28 +190,42 @@ class DiskCache:
             try:
                 total = int(usage.read_text() or 0) + added
             except (OSError, ValueError):
-                total = self._scan_and_evict(self.limit)
+                total = self._scan_and_evict(self.limit - added) + added
             if total > self.limit:
-                total = self._scan_and_evict(int(self.limit * _LOW_WATER))
+                total = self._scan_and_evict(int(self.limit * _LOW_WATER) - added) + added
             tmp = usage.with_name(f".usage.{os.getpid()}.tmp")
             tmp.write_text(str(total))
             os.replace(tmp, usage)
 
+    def _owned(self) -> Iterable[tuple[Path, os.stat_result, bool]]:
+        """Every file the cache wrote: (path, stat, whether it is a temporary file). A range file
+        is the cache's by its name and its footer; a file merely named like one is not."""
+        for sub in self.folder.iterdir():
+            if len(sub.name) != 2 or not _OWN_TOP.fullmatch(sub.name) or not sub.is_dir():
+                continue
+            for file in sub.iterdir():
+                with suppress(OSError):
+                    if _RANGE.fullmatch(file.name) and file.name.startswith(sub.name):
+                        st = file.stat()
+                        if _has_footer(file, st.st_size):
+                            yield file, st, False
+                    elif _TEMP.fullmatch(file.name) and file.name[1:3] == sub.name:
+                        yield file, file.stat(), True
+
     def _scan_and_evict(self, target: int) -> int:
-        """Delete least recently used files until at most ``target`` bytes remain; the total."""
-        stale = time.time() - 3600
-        for tmp in self.folder.glob("*/.*.tmp"):  # a killed writer's; live ones are seconds old
-            with suppress(OSError):
-                if tmp.stat().st_mtime < stale:
-                    tmp.unlink()
-        files = []
-        for file in self.folder.glob("*/*.bin"):
-            with suppress(OSError):
-                st = file.stat()
-                files.append((st.st_mtime, st.st_size, file))
-        files.sort()
-        total = sum(size for _, size, _ in files)
-        for _, size, file in files:
+        """Delete the least recently used range files until at most ``target`` bytes remain
+        (temporary files count, and go only when their writer is gone); the total."""
+        ranges, total = [], 0
+        for file, st, temporary in self._owned():
+            if temporary and not _alive(int(_TEMP.fullmatch(file.name).group(2))):
+                with suppress(OSError):
+                    file.unlink()
+                continue
+            if not temporary:
+                ranges.append((st.st_mtime, st.st_size, file))
+            total += st.st_size
+        ranges.sort()
+        for _, size, file in ranges:
             if total <= target:
                 break
             with suppress(OSError):
@@ -146,5 +235,29 @@ class DiskCache:
 
     @property
     def bytes(self) -> int:
-        """Bytes held now (a scan of the folder)."""
-        return sum(f.stat().st_size for f in self.folder.glob("*/*.bin"))
+        """Bytes held now, temporary files included (a scan of the folder)."""
+        return sum(st.st_size for _, st, _ in self._owned())
+
+
+def _has_footer(file: Path, size: int) -> bool:
+    if size < _FOOTER.size:
+        return False
+    try:
+        with open(file, "rb") as f:
+            f.seek(size - _FOOTER.size)
+            magic, _, length, _ = _FOOTER.unpack(f.read(_FOOTER.size))
+    except (OSError, struct.error):
+        return False
+    return magic == _MAGIC and length == size - _FOOTER.size
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

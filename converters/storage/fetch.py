@@ -8,8 +8,13 @@ the optional local disk cache.
   when it was opened (``If-Match`` on its ETag, native client): a reader never mixes
   generations, it stops with "the store changed while it was being read; reopen it".
   Retries (500, 503, resets, timeouts: only the failed request) are the client's own.
+- A ``Fetcher`` belongs to the process that uses it: pickled, it travels as its description
+  (file system, identities, budget, cache folder) and a forked copy rebuilds its threads, so
+  DataLoader worker processes of every start method read with clients of their own.
 - ``Span``: a fetched range as the buffers it arrived in; reads inside one buffer are views
   (no copy), and nothing is joined unless a read crosses two parts.
+- ``CacheWriter``: ranges go into the disk cache on a thread of their own, after the read
+  has its bytes (write-behind): a first epoch into an empty cache never waits for the disk.
 - ``RangeFile``: a read-only seekable file for pyarrow and h5py over one object.
   ``prefetch`` loads the span a piece needs in one concurrent fetch; other reads (footers,
   HDF5 metadata) go through a small block cache. Nothing is read that was not asked for.
@@ -19,8 +24,10 @@ from __future__ import annotations
 import bisect
 import gc
 import io
+import os
 import threading
-from collections import OrderedDict
+import weakref
+from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 
 from fsspec.exceptions import FSTimeoutError
@@ -71,6 +78,65 @@ class Span:
         return b"".join(self.parts)
 
 
+class CacheWriter:
+    """Puts fetched ranges into a ``DiskCache`` on a thread of its own, so that a read never
+    waits for the cache. At most ``budget`` bytes wait to be written; a range that would go past
+    it is not cached this time (a later epoch fetches it again): a slow or busy disk costs cache
+    hits, never read speed. The buffers are the fetched ones, held until written (no copy)."""
+
+    def __init__(self, cache: DiskCache, budget: int):
+        self.cache, self.budget = cache, budget
+        self.dropped = 0
+        self._queue: deque = deque()
+        self._pending = 0
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def offer(self, key: str, parts: list) -> bool:
+        size = sum(memoryview(p).nbytes for p in parts)
+        with self._cv:
+            if self._pending + size > self.budget:
+                self.dropped += 1
+                return False
+            self._pending += size
+            self._queue.append((key, parts, size))
+            self._cv.notify()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="trainfeed-cache-writer", daemon=True)
+                self._thread.start()
+        return True
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue:
+                    self._cv.wait()
+                key, parts, size = self._queue.popleft()
+            try:
+                self.cache.put(key, parts)
+            finally:
+                with self._cv:
+                    self._pending -= size
+                    self._cv.notify_all()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every offered range is written (or ``timeout``); whether it was."""
+        with self._cv:
+            return self._cv.wait_for(lambda: self._pending == 0, timeout)
+
+
+#: Fetchers alive in this process (weakly): ``flush_cache_writes`` waits for their caches.
+_FETCHERS: weakref.WeakSet = weakref.WeakSet()
+
+
+def flush_cache_writes(timeout: float = 60.0) -> None:
+    """Wait for the cache writes of this process's fetchers (the end of an epoch: a worker
+    process may exit next, and the ranges it fetched should be there for the next epoch)."""
+    for fetcher in list(_FETCHERS):
+        if fetcher._writer is not None and fetcher._pid == os.getpid():
+            fetcher._writer.flush(timeout)
+
+
 class Fetcher:
     """Range reads from one file system with at most ``io_concurrency`` requests in flight.
     ``identities``: each object's version as listed when the store was opened (path -> Identity);
@@ -86,7 +152,29 @@ class Fetcher:
         self.deadline = deadline
         self.identities: dict[str, Identity] = dict(identities or {})
         self._native = isinstance(fs, NativeFileSystem)
+        self._start()
+
+    def _start(self) -> None:
+        """This process's threads: the request pool and the cache's writer."""
+        self._pid = os.getpid()
         self._pool = ThreadPoolExecutor(self.io_concurrency, thread_name_prefix="trainfeed-io")
+        budget = max(64 << 20, 2 * self.io_concurrency * self.part_size)
+        self._writer = CacheWriter(self.cache, budget) if self.cache is not None else None
+        _FETCHERS.add(self)
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_pid", "_pool", "_writer")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._start()
+
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        """The request threads of this process (a forked child inherits none: it starts its own)."""
+        if self._pid != os.getpid():
+            self._start()
+        return self._pool
 
     def url(self, path: str) -> str:
         return self.fs.unstrip_protocol(path)
@@ -116,18 +204,20 @@ class Fetcher:
             cached = self.cache.get(key, end - start)
             if cached is not None:
                 return Span(start, [cached])
+        pool = self.pool
         cuts = list(range(start, end, self.part_size)) + [end]
         if len(cuts) <= 2:
-            parts = [self._pool.submit(self._get, path, start, end).result()]
+            parts = [pool.submit(self._get, path, start, end).result()]
         else:
-            futures = [self._pool.submit(self._get, path, a, b) for a, b in zip(cuts, cuts[1:])]
+            futures = [pool.submit(self._get, path, a, b) for a, b in zip(cuts, cuts[1:])]
             parts = [f.result() for f in futures]
         if key is not None:
-            self.cache.put(key, parts)
+            self._writer.offer(key, parts)
         return Span(start, parts)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._pid == os.getpid():
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class _GCPause:
@@ -250,6 +340,8 @@ class CachingFileSystem:
         self._fetcher = fetcher
 
     def __getattr__(self, name):
+        if name.startswith("__") or name == "_fetcher":  # looked up by unpickling before the state is set
+            raise AttributeError(name)
         return getattr(self._fetcher.fs, name)
 
     def cat_file(self, path, start=None, end=None, **kwargs):

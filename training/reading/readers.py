@@ -190,6 +190,8 @@ def iter_batches(store: Store, opts: ReaderOptions, epoch: int = 0, start_batch:
             lambda i: module.piece_file(store.pieces[i]), workers=reading_threads(store, opts),
             start_batch=start_batch):
         yield Batch(x, y, ids)
+    if not store.local:
+        fetch.flush_cache_writes()  # this process (a DataLoader worker) may exit now
 
 
 def reading_threads(store: Store, opts: ReaderOptions) -> int:

@@ -1,0 +1,100 @@
+"""The native object-store client library (obstore) as this process may use it.
+
+obstore runs every request on a tokio runtime that starts on the library's first use, and
+tokio does not survive ``fork``: a process forked after its parent made a request inherits
+the runtime without its threads, and every request in the child waits forever, through an
+inherited client or a new one. That is what a PyTorch DataLoader does on Linux: its worker
+processes are forked after ``open_store`` listed the store and read its footers.
+
+So a process forked from one that used the library loads a private copy of obstore's
+native module (copied to a new file, so that the dynamic loader maps it afresh: its own
+statics, its own runtime, started in this process) and makes every request through it. The
+copy's file is deleted once loaded. Every other process (the one that opened the store,
+spawn and forkserver workers, a fork taken before any request) uses obstore as installed.
+Nothing from the parent's library is called or freed in the child.
+
+``library()`` is the module to call (``get``, ``get_range``, ``head``, ``list``,
+``list_with_delimiter``, ``put``, ``delete``, and the store classes ``AzureStore``,
+``S3Store``, ``GCSStore``); ``errors.<Name>`` is the tuple of that exception class in every
+copy this process loaded, for ``except`` clauses.
+"""
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import shutil
+import tempfile
+import threading
+from types import SimpleNamespace
+
+import obstore
+from obstore import _obstore
+
+_INSTALLED = SimpleNamespace(
+    **{name: getattr(_obstore, name) for name in ("get", "get_range", "head", "list", "list_with_delimiter",
+                                                   "put", "delete")},
+    AzureStore=obstore.store.AzureStore, S3Store=obstore.store.S3Store, GCSStore=obstore.store.GCSStore,
+    exceptions=obstore.exceptions, origin="installed")
+
+#: The process that first used the installed library (its runtime belongs to that process).
+_installed_user: int | None = None
+#: (pid, library) of the private copy this process loaded, if it needed one.
+_private: tuple[int, SimpleNamespace] | None = None
+_loaded: list[SimpleNamespace] = [_INSTALLED]
+_lock = threading.Lock()
+
+
+def library() -> SimpleNamespace:
+    """The obstore functions and store classes that work in this process."""
+    global _installed_user, _private
+    pid = os.getpid()
+    if _installed_user in (None, pid):
+        _installed_user = pid
+        return _INSTALLED
+    private = _private
+    if private is not None and private[0] == pid:
+        return private[1]
+    with _lock:
+        if _private is None or _private[0] != pid:
+            _private = (pid, _load_copy())
+            _loaded.append(_private[1])
+        return _private[1]
+
+
+def _load_copy() -> SimpleNamespace:
+    """obstore's native module loaded again from a fresh copy of its file."""
+    folder = tempfile.mkdtemp(prefix="trainfeed-obstore-")
+    try:
+        copy = os.path.join(folder, os.path.basename(_obstore.__file__))
+        shutil.copyfile(_obstore.__file__, copy)
+        loader = importlib.machinery.ExtensionFileLoader(_obstore.__name__, copy)
+        spec = importlib.util.spec_from_file_location(_obstore.__name__, copy, loader=loader)
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)  # the mapping outlives the file
+    stores = module._store
+    return SimpleNamespace(
+        **{name: getattr(module, name) for name in ("get", "get_range", "head", "list", "list_with_delimiter",
+                                                     "put", "delete")},
+        AzureStore=stores.AzureStore, S3Store=stores.S3Store, GCSStore=stores.GCSStore,
+        exceptions=module.exceptions, origin="private copy")
+
+
+class _Errors:
+    """``errors.PreconditionError``: that class of every library loaded here, as a tuple."""
+
+    def __getattr__(self, name: str) -> tuple[type[BaseException], ...]:
+        return tuple(getattr(lib.exceptions, name) for lib in list(_loaded))
+
+
+errors = _Errors()
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # a thread of the parent may have held it
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
