@@ -49,12 +49,11 @@ def too_short(measured: dict | None) -> str | None:
     if not measured or not measured.get("samples_per_s"):
         return "nothing was timed (too few batches: raise --steps or use more samples)"
     seconds, timed = measured.get("seconds"), measured.get("timed_samples")
-    if seconds is not None and seconds < MIN_TIMED_SECONDS:
-        return (f"timed over {seconds * 1e3:,.0f} ms ({timed or 0:,} samples), under the {MIN_TIMED_SECONDS:g} s a "
-                "rate needs to mean anything (raise --steps or use more samples)")
-    if timed is not None and timed < MIN_TIMED_SAMPLES:
-        return (f"timed over {timed:,} samples, under the {MIN_TIMED_SAMPLES} a rate needs to mean anything "
-                "(raise --steps or use more samples)")
+    if (seconds is not None and seconds < MIN_TIMED_SECONDS) or (timed is not None and timed < MIN_TIMED_SAMPLES):
+        took = ", ".join(x for x in (f"{seconds * 1e3:,.0f} ms" if seconds is not None else "",
+                                     f"{timed:,} samples" if timed is not None else "") if x)
+        return (f"too short to mean anything ({took} timed): a rate needs at least {MIN_TIMED_SECONDS:g} s and "
+                f"{MIN_TIMED_SAMPLES} samples (raise --steps or use more samples)")
     return None
 
 

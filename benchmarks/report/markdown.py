@@ -4,6 +4,7 @@ cells, the costs that matter, remedies, method, failures; or of a run that measu
 ``catalog_markdown`` is every catalog row, which the HTML page folds away."""
 from __future__ import annotations
 
+import re
 from datetime import datetime, timezone
 
 from trainfeed.converters.redact import redact
@@ -156,10 +157,6 @@ def _same_gpu_rows(advice) -> list[str]:
     return list(times)
 
 
-def _all_compute(advice, nodes: list[str]) -> bool:
-    return all(r["bottleneck"] == "compute" for h in advice["headline"] if h["node"] in nodes for r in h["rows"])
-
-
 def _deviation(d: float | None) -> str:
     return "-" if d is None else f"{d:+.0%}"
 
@@ -217,25 +214,30 @@ def _headline(advice) -> list[str]:
     lines.append("")
     same = _same_gpu_rows(advice)
     if same:
-        lines.append(f"- **{', '.join(same)}**: the same time on every GPU: "
-                     + ("each step lasts the profile's per-step floor (an estimate at this small a model and batch), "
-                        "so a faster GPU does not help here; a larger batch, or `storage-bench calibrate` on the real "
-                        "GPU, says more" if _all_compute(advice, same) else
-                        "every one is bound by the same thing, outside the GPU, so a faster GPU does not help") + ".")
+        bound = sorted({r["bottleneck"] for h in advice["headline"] if h["node"] in same for r in h["rows"]})
+        why = ("each step lasts the profile's per-step floor (an estimate at this small a model and batch)"
+               if bound == ["compute"] else
+               f"every option is bound by the same thing on each ({', '.join(bound)}), and a compute-bound step "
+               "lasts the profile's per-step floor" if "compute" in bound else
+               f"every option is bound outside the GPU ({', '.join(bound)})")
+        lines.append(f"- **{', '.join(same)}**: the same time on every GPU: {why}; so a faster GPU does not help "
+                     "here (a larger batch, or `storage-bench calibrate` on the real GPU, says more).")
     little = []
+    said: dict[str, list[str]] = {}  # the same finding on several nodes is written once, naming them all
     for g in filter(None, advice["gains"]):
         if g["repack_gain"] < GAIN_WORTH_SAYING and not g["better_loading"]:
             little.append(g["node"])  # said once for all such nodes, below
             continue
         if g["repack_gain"] >= GAIN_WORTH_SAYING:
-            text = (f"- **{g['node']}**: repacking ({g['repacked']}) is **{fmt_ratio(g['repack_gain'])}** faster than "
+            text = (f"repacking ({g['repacked']}) is **{fmt_ratio(g['repack_gain'])}** faster than "
                     f"{g['today']} ({fmt_time(g['repacked_s'])} vs {fmt_time(g['today_s'])})")
         else:
-            text = (f"- **{g['node']}**: repacking ({g['repacked']}) changes little ({fmt_time(g['repacked_s'])} vs "
+            text = (f"repacking ({g['repacked']}) changes little ({fmt_time(g['repacked_s'])} vs "
                     f"{fmt_time(g['today_s'])} for {g['today']}): the layout is not what binds there")
         if g["better_loading"]:
             text += f"; better loading alone ({g['better_loading']}) would be {fmt_ratio(g['better_loading_gain'])}"
-        lines.append(text + ".")
+        said.setdefault(text, []).append(g["node"])
+    lines += [f"- **{', '.join(nodes)}**: {text}." for text, nodes in said.items()]
     if little:
         lines.append(f"- **{', '.join(little)}**: repacking changes little (under "
                      f"{fmt_num((GAIN_WORTH_SAYING - 1) * 100)}%): the layout is not what binds there.")
@@ -270,6 +272,15 @@ def _feeds_section(advice) -> list[str]:
     return lines + [""]
 
 
+def _general(note: str) -> tuple[str, str]:
+    """A cell's note as (what it means, this cell's figures): "real run measured under contention
+    (other processes used 53% ...): wall rates ..." is the footnote "real run measured under
+    contention: wall rates ..." and the figures "(other processes used 53% ...)" stay in the cell,
+    so a note that differs only by its figures is written once."""
+    figures = re.findall(r" \(([^()]*\d[^()]*)\)", note)
+    return re.sub(r" \([^()]*\d[^()]*\)", "", note), f"({'; '.join(figures)})" if figures else ""
+
+
 def _cells_section(cells, spread, nodes, stores) -> list[str]:
     lines = ["## Why: each cell", "",
              "Measured here: compute-only, ingest-only and the real run (samples/s, wall clock); the reader's CPU "
@@ -283,8 +294,11 @@ def _cells_section(cells, spread, nodes, stores) -> list[str]:
         proj = project(machine_of(c), layout_of(c), loader_of(c), storage_of(c), c["batch_size"])
         r = c["real"]
         cpu = c["ingest_only"].get("cpu_s_per_sample")
-        marks = [footnotes.setdefault(note, len(footnotes) + 1) for note in [*c.get("checks", []), *doubts(c)]]
-        notes = ", ".join(f"[{m}]" for m in marks) or "-"
+        marks = []
+        for note in [*c.get("checks", []), *doubts(c)]:
+            general, figures = _general(note)
+            marks.append(f"[{footnotes.setdefault(general, len(footnotes) + 1)}]" + (f" {figures}" if figures else ""))
+        notes = ", ".join(marks).replace("|", "\\|") or "-"
         runs = spread.get((s, n, fw), [])
         real = f"{r['samples_per_s']:,.0f}" + (f" ({min(runs):,.0f}-{max(runs):,.0f} over {len(runs)} repeats)"
                                                if len(runs) > 1 else "")

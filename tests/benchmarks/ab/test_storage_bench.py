@@ -181,6 +181,10 @@ def test_report_renders_in_headless_chromium(ab_run, tmp_path):
     res = subprocess.run(flags + [f"--screenshot={shot}", "--window-size=1200,2000", url], capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == 0 and shot.stat().st_size > 20_000  # a page with charts, not a blank one
+    # the first screen (1280x900) answers: what to do, what binds, how sure (issue #25)
+    from tests.benchmarks.report.test_report_answer import assert_first_viewport_holds_the_answer
+
+    assert_first_viewport_holds_the_answer(chromium, out / "report.html", tmp_path)
 
 
 def test_unknown_store_and_node_are_usage_errors(tiny_dataset, tmp_path):
