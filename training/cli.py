@@ -74,6 +74,10 @@ def _throughput(samples_per_s: float | None, mb_per_s: float | None) -> str:
     return f"{_sig(samples_per_s)} samples/s, {data} delivered"
 
 
+def _num(value: float | None, spec: str) -> str:
+    return "?" if value is None else format(value, spec)
+
+
 def _percent(fraction: float | None) -> str:
     return "-" if fraction is None else f"{100 * fraction:.1f}%"
 
@@ -89,7 +93,7 @@ def _human(s: dict) -> str:
         f"  throughput   {_throughput(s['samples_per_s'], s['mb_per_s'])}",
         f"  time         data wait {_duration(s['data_wait_s'])} + compute {_duration(s['compute_s'])} "
         f"(stall {100 * (s['stall_fraction'] or 0):.1f}%, AU {100 * (s['au'] or 0):.1f}%)",
-        f"  machine      CPU {util.get('cpu_percent_mean', '?')}%, RSS max {util.get('rss_mb_max', '?')} MB",
+        f"  machine      CPU {_num(util.get('cpu_percent_mean'), '.0f')}%, RSS max {_num(util.get('rss_mb_max'), ',.0f')} MB",
     ]
     if threads:
         lines.append(f"  threads      torch intra-op {threads['intra_op']} ({threads['how']}: {threads['cores']} cores, "
