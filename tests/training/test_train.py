@@ -326,3 +326,24 @@ def test_torch_threads_are_the_cores_the_readers_leave_and_said(tmp_path, monkey
                     "--json")
     assert json.loads(res.stdout)["torch_threads"] == {"intra_op": 1, "cores": cores, "reader_workers": 2,
                                                        "how": "OMP_NUM_THREADS"}
+
+
+def test_a_volume_shaped_like_an_image_is_said_to_be_read_as_one(tmp_path):
+    """(17, 21, 3) volumes train with the 2D ResNet, as an image would: said on stderr, not silently."""
+    import numpy as np
+
+    from trainfeed.converters.cli import app
+
+    src = tmp_path / "v"
+    src.mkdir()
+    for i in range(16):
+        np.save(src / f"v{i:02d}.npy", np.full((17, 21, 3), i, np.float32))
+    (src / "labels.csv").write_text("id,label\n" + "".join(f"v{i:02d},{i % 2}\n" for i in range(16)))
+    assert run_cli(app, src, tmp_path / "s.h5", "--to", "hdf5", "--no-progress").exit_code == 0
+    res = train_cli("--data", tmp_path / "s.h5", "--out", tmp_path / "o", "--width", "8", "--batch-size", "8",
+                    "--json")
+    assert res.exit_code == 0, res.stderr
+    assert res.stderr == (f"train: {tmp_path / 's.h5'}: field 'volume' holds samples of shape (17, 21, 3), read as "
+                          "images (H, W, C) = (17, 21, 3) by the 2D ResNet; a volume is (X, Y, Z, C): give its samples "
+                          "a channel axis to train the 3D one\n")
+    assert json.loads(res.stdout)["sample_shape"] == [17, 21, 3]

@@ -59,6 +59,8 @@ def framework(cfg: TrainConfig, p: Plan) -> Framework:
 def train(cfg: TrainConfig) -> dict:
     """Train ``cfg``'s model on ``cfg.data`` (options checked by ``config.check``); the summary."""
     p = plan(cfg)
+    for note in p.notes if p.rank == 0 else []:
+        notice(note)
     fw = framework(cfg, p)
     signature = checkpoint_signature(cfg, p) if cfg.checkpoint_dir else None
     start = _start(cfg, p, fw, signature)

@@ -2,7 +2,7 @@
 reader options, the steps per epoch, the model's input shape and classes."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -22,6 +22,7 @@ class Plan:
     rank: int
     world: int
     eval_store: Store | None = None
+    notes: list[str] = field(default_factory=list)  # said on stderr before training (what the data is read as)
 
 
 def reader_options(cfg: TrainConfig, rank: int = 0, world: int = 1, shuffle: bool = True) -> ReaderOptions:
@@ -61,6 +62,11 @@ def plan(cfg: TrainConfig) -> Plan:
                          f"({cfg.epochs} epochs of {steps})")
     num_classes = classes(cfg, store)
     p = Plan(store, opts, steps, num_classes, input_shape, rank, world)
+    spec = store.sample_spec
+    if len(input_shape) == 3 and len(spec.shape) == 3 and store.images is None and spec.name != "image":
+        p.notes.append(f"{store.path}: field {spec.name!r} holds samples of shape {tuple(spec.shape)}, read as images "
+                       f"(H, W, C) = {tuple(spec.shape)} by the 2D ResNet; a volume is (X, Y, Z, C): give its "
+                       "samples a channel axis to train the 3D one")
     if cfg.eval_data:
         p.eval_store = open_eval_store(cfg, p)
     return p
