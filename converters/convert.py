@@ -17,7 +17,7 @@ from trainfeed.converters.interrupt import SafeInterrupts
 from trainfeed.converters.errors import SampleError, TrainfeedError, UsageError
 from trainfeed.converters.sources.labels import Labels, resolve_labels
 from trainfeed.converters.layout import DatasetSchema
-from trainfeed.converters.storage.location import Location, as_location, is_remote, locate
+from trainfeed.converters.storage.location import Location, as_location, check_delta_url, check_url, is_remote, locate
 from trainfeed.converters.formats.options import WriteOptions, WriteResult
 from trainfeed.converters.redact import redact_json, redact_url
 from trainfeed.converters.sources.samples import SchemaGuard, load_sample, ordered_map
@@ -198,10 +198,11 @@ def write_rejects_report(path, rejects: list[dict]) -> str | None:
 
 
 def _commit_to_table(dst: Location, version: int, schema: DatasetSchema, batches: Iterator[list[Sample]],
-                     opts: WriteOptions, check: Callable[[], dict | None]) -> tuple[WriteResult, dict | None]:
+                     opts: WriteOptions, check: Callable[[], dict | None], interrupts: SafeInterrupts
+                     ) -> tuple[WriteResult, dict | None]:
     """Overwrite or append to the Delta table at ``dst`` in one commit (a killed run leaves only
     unreferenced files); a failed check restores the version the run started from."""
-    result = delta.write(dst, schema, batches, opts, since_version=version)
+    result = delta.write(dst, schema, batches, opts, since_version=version, publishing=interrupts.publishing)
     try:
         return result, check()
     except Exception:
@@ -211,32 +212,33 @@ def _commit_to_table(dst: Location, version: int, schema: DatasetSchema, batches
 
 def _publish_staged(dst: Location, cfg: ConvertConfig, schema: DatasetSchema, batches: Iterator[list[Sample]],
                     check: Callable[[Path, bool], dict | None],
-                    check_interrupt: Callable[[], None]) -> tuple[WriteResult, dict | None]:
+                    interrupts: SafeInterrupts) -> tuple[WriteResult, dict | None]:
     """Write a new store beside ``dst``, check it, then publish it there (see commit.Staging);
-    Ctrl-C pressed until the moment of publishing publishes nothing."""
+    Ctrl-C or SIGTERM until the moment of publishing publishes nothing."""
     if not dst.local:
-        return _publish_remote(dst, cfg, schema, batches, check, check_interrupt)
+        return _publish_remote(dst, cfg, schema, batches, check, interrupts)
     with Staging(Path(dst.path), overwrite=cfg.write.mode == "overwrite") as staging:
         # a new store in the staging folder: "create", whatever --mode said of the destination
         result = FORMATS[cfg.fmt].write(staging.path, schema, batches, replace(cfg.write, mode="create"))
         verified = check(staging.path, True)
-        check_interrupt()
-        staging.commit()
+        with interrupts.publishing():
+            staging.commit()
     result.files = [f.replace(str(staging.path), dst.path, 1) for f in result.files]
     return result, verified
 
 
 def _publish_remote(dst: Location, cfg: ConvertConfig, schema: DatasetSchema, batches: Iterator[list[Sample]],
                     check: Callable[[Location, bool], dict | None],
-                    check_interrupt: Callable[[], None]) -> tuple[WriteResult, dict | None]:
+                    interrupts: SafeInterrupts) -> tuple[WriteResult, dict | None]:
     """A new store on object storage. Delta: parts uploaded as written, then one commit (a
     failed check removes the new table). Parquet, HDF5: written to a local temporary folder
     (each part uploaded as it is complete), then published with the commit record last (see
-    converters/publish.py)."""
+    converters/publish.py). Ctrl-C or SIGTERM before the commit record (the Delta commit),
+    uploads still pending included, publishes nothing and removes what this run uploaded."""
     overwrite = cfg.write.mode == "overwrite"
     verify = (lambda loc: check(loc, True)) if cfg.verify else None
     if cfg.fmt == "delta":
-        result = delta.write(dst, schema, batches, replace(cfg.write, mode="create"))
+        result = delta.write(dst, schema, batches, replace(cfg.write, mode="create"), publishing=interrupts.publishing)
         ours = {"_delta_log", *(f.rsplit("/", 1)[-1] for f in result.files)}
         try:
             verified = verify(dst) if verify else None
@@ -244,13 +246,14 @@ def _publish_remote(dst: Location, cfg: ConvertConfig, schema: DatasetSchema, ba
             publish.remove(dst, sorted(ours))
             raise
         publish.remove_stale(dst, keep=ours)
+        publish.remove_trials(dst)
         return result, verified
     with tempfile.TemporaryDirectory(prefix="trainfeed-stage-") as tmp:
         staged = Path(tmp) / dst.name  # keeps a single-file HDF5 store's suffix
         with publish.uploader(dst, staged) as parts:
             result = FORMATS[cfg.fmt].write(staged, schema, batches, replace(cfg.write, mode="create"), on_part=parts)
-            check_interrupt()
-            result.files, verified = publish.publish(staged, dst, overwrite, verify, parts)
+            interrupts.check()
+            result.files, verified = publish.publish(staged, dst, overwrite, verify, parts, interrupts.publishing)
     return result, verified
 
 
@@ -262,6 +265,10 @@ def convert(cfg: ConvertConfig, progress: ProgressFn | None = None,
     check against the source) succeeded; an existing trainfeed store is replaced atomically,
     and nothing else ever is. One run at a time writes a destination (DestinationLock)."""
     check_config(cfg)
+    for url in (cfg.src, cfg.dst, cfg.labels_csv):  # every URL means one place, checked before any work
+        check_url(url)
+    if cfg.fmt == "delta":
+        check_delta_url(cfg.dst)
     t0 = time.perf_counter()
     if is_remote(cfg.dst):
         return _convert_to_storage(cfg, t0, progress, on_listed)
@@ -270,8 +277,10 @@ def convert(cfg: ConvertConfig, progress: ProgressFn | None = None,
     try:
         make_parent(dst)
         with DestinationLock(dst), SafeInterrupts() as interrupts:
-            return _convert(cfg, locate(dst), t0, progress, on_listed, interrupts.check)
+            return _convert(cfg, locate(dst), t0, progress, on_listed, interrupts)
     except OSError as exc:  # source errors arrive as TrainfeedErrors: this is DST's filesystem
+        if isinstance(exc, TrainfeedError):  # a storage's failure (a remote SRC), naming its URL
+            raise
         raise write_error(dst, exc) from exc
 
 
@@ -283,7 +292,7 @@ def _convert_to_storage(cfg: ConvertConfig, t0: float, progress: ProgressFn | No
     check_apart(cfg.src, dst)
     try:
         with SafeInterrupts() as interrupts:
-            return _convert(cfg, dst, t0, progress, on_listed, interrupts.check)
+            return _convert(cfg, dst, t0, progress, on_listed, interrupts)
     except (TrainfeedError, UsageError, KeyboardInterrupt):
         raise
     except Exception as exc:  # the storage's own errors (HTTP, credentials, network)
@@ -292,7 +301,7 @@ def _convert_to_storage(cfg: ConvertConfig, t0: float, progress: ProgressFn | No
 
 
 def _convert(cfg: ConvertConfig, dst: Location, t0: float, progress: ProgressFn | None,
-             on_listed: Callable[[int, int], None] | None, check_interrupt: Callable[[], None]) -> dict:
+             on_listed: Callable[[int, int], None] | None, interrupts: SafeInterrupts) -> dict:
     existing = check_destination(dst, cfg.write.mode)
     fs, listing = list_source(cfg.src, cfg.storage_options)
     labels = resolve_labels(listing.files, labels_csv=cfg.labels_csv, folder_labels=cfg.folder_labels,
@@ -309,7 +318,7 @@ def _convert(cfg: ConvertConfig, dst: Location, t0: float, progress: ProgressFn 
     if appending:
         labels = _labels_for_append(dst.shown, table.schema, labels)
         cfg.write = replace(cfg.write, tensor_column=table.tensor_column)
-    stream = _Stream(cfg, fs, listing, labels, progress, check_interrupt,
+    stream = _Stream(cfg, fs, listing, labels, progress, interrupts.check,
                      delta.live_ids(dst, table.version) if appending else None)
     first = stream.first()
     schema = stream.schema(labels)
@@ -326,9 +335,11 @@ def _convert(cfg: ConvertConfig, dst: Location, t0: float, progress: ProgressFn 
 
     if table is not None:
         result, verified = _commit_to_table(dst, table.version, schema, batches, cfg.write,
-                                            lambda: check(dst, not appending))
+                                            lambda: check(dst, not appending), interrupts)
     else:
-        result, verified = _publish_staged(dst, cfg, schema, batches, check, check_interrupt)
+        result, verified = _publish_staged(dst, cfg, schema, batches, check, interrupts)
+    rejects_report = write_rejects_report(dst, stream.rejects)
+    interrupts.after_publishing(dst.shown)  # published: a signal received since ends the run here
     details = dict(result.details)
     if cfg.optimize:
         details["optimize"] = delta.optimize(dst, target_size=cfg.write.target_file_size, opts=cfg.write)
@@ -346,7 +357,7 @@ def _convert(cfg: ConvertConfig, dst: Location, t0: float, progress: ProgressFn 
         "mode": cfg.write.mode,
         "samples": len(stream.accepted),
         "rejected": len(stream.rejects),
-        "rejects_report": write_rejects_report(dst, stream.rejects),
+        "rejects_report": rejects_report,
         "files_in": stream.files_done,
         "files_out": len(result.files),
         "bytes_in": stream.bytes_in,

@@ -7,6 +7,8 @@ from pathlib import Path, PurePath, PurePosixPath
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.storage.location import Location, as_location, is_remote, locate
+from trainfeed.converters.storage.config import BucketNotFound, bucket_not_found
+from trainfeed.converters.storage.native import NativeFileSystem
 from trainfeed.converters.formats.registry import identify
 
 
@@ -50,7 +52,13 @@ def check_destination(path, mode: str) -> str | None:
     folder) is replaced, only a Delta table trainfeed wrote (or nothing) is appended to.
     ``path``: a local path or a Location. Returns the format of the trainfeed store there, if any."""
     found = identify(path)
-    dst = as_location(path).shown
+    loc = as_location(path)
+    dst = loc.shown
+    if found is None and isinstance(loc.fs, NativeFileSystem):
+        try:  # a missing bucket / container: said now, before any work
+            loc.fs.info(loc.path.split("/", 1)[0])
+        except BucketNotFound:
+            raise BucketNotFound(bucket_not_found(dst)) from None
     if found is None or found.leftovers:
         return None  # append to nothing creates the table; a killed run's leftovers are replaced
     if mode == "append":

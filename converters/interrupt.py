@@ -4,11 +4,19 @@ A KeyboardInterrupt raised wherever the main thread happens to be (inside a lock
 thread pool's future, inside a native writer's callback) can deadlock or crash the
 interpreter on the way out; a SIGTERM must let a training step finish. While inside one of
 these context managers, the signal only sets ``requested``; the work checks it.
+
+A conversion's contract (``SafeInterrupts``): Ctrl-C or SIGTERM at any moment before the
+publishing step publishes nothing (uploads still pending included) and exits 130 / 143;
+from that step on, the store is published complete, and the run still exits 130 / 143.
 """
 from __future__ import annotations
 
 import signal
 import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+from trainfeed.converters.errors import TrainfeedError
 
 
 class SignalFlag:
@@ -33,18 +41,75 @@ class SignalFlag:
             signal.signal(self.signum, self._previous)
 
 
-class SafeInterrupts(SignalFlag):
-    """Ctrl-C during a conversion: the first one is acted on at the next ``check()`` (between
-    samples, before publishing); a second one interrupts at once."""
+class Interrupted(TrainfeedError):
+    """A conversion stopped by a signal after the point where it could still publish nothing
+    (its store is published and complete), or by SIGTERM (exit 143: 128 + the signal)."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
+_NAMES = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}
+
+
+class SafeInterrupts:
+    """Ctrl-C (SIGINT) and SIGTERM during a conversion. The first one only sets ``requested``
+    and is acted on at the next ``check()`` (between samples, after the last upload, just
+    before publishing): SIGINT raises KeyboardInterrupt, SIGTERM ``Interrupted`` (exit 143),
+    and the run publishes nothing. A second one interrupts at once, except inside
+    ``publishing()``: the one request that publishes (the commit record's PUT, the Delta
+    commit, the rename) is never cut in half; a signal that arrived from its start on is
+    reported by ``after_publishing()`` (the store is complete; exit 130 or 143)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
-        super().__init__(signal.SIGINT)
+        self.requested: int | None = None  # the first signal received
+        self._publishing = False
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> "SafeInterrupts":
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
 
     def _handle(self, signum, frame) -> None:
-        if self.requested:
-            raise KeyboardInterrupt  # the second Ctrl-C: the user insists
-        self.requested = True
+        if self.requested is not None and not self._publishing:
+            raise self._error(signum)  # the second one: the user insists
+        if self.requested is None:
+            self.requested = signum
+
+    @staticmethod
+    def _error(signum: int) -> BaseException:
+        if signum == signal.SIGINT:
+            return KeyboardInterrupt()
+        return Interrupted(f"terminated ({_NAMES.get(signum, f'signal {signum}')}): nothing was published at "
+                           "the destination", signum)
 
     def check(self) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
+        if self.requested is not None:
+            raise self._error(self.requested)
+
+    @contextmanager
+    def publishing(self) -> Iterator[None]:
+        """The publishing step: ``check()`` first (the last moment at which nothing is
+        published), then no signal interrupts what runs inside."""
+        self.check()
+        self._publishing = True
+        try:
+            yield
+        finally:
+            self._publishing = False
+
+    def after_publishing(self, shown: str) -> None:
+        """Once the store is published: a signal received meanwhile ends the run here, saying so."""
+        if self.requested is not None:
+            raise Interrupted(f"{shown}: interrupted ({_NAMES.get(self.requested, self.requested)}) after the store "
+                              "was published; the store there is complete", self.requested)

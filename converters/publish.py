@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from contextlib import suppress
+from contextlib import AbstractContextManager, nullcontext, suppress
 from pathlib import Path
 from typing import Callable
 
@@ -34,6 +34,9 @@ from trainfeed.converters.formats.registry import RUN_PART, identify
 from trainfeed.converters.storage.upload import Uploader
 
 Check = Callable[[Location], "dict | None"]
+#: The publishing step (``SafeInterrupts.publishing``): checks for Ctrl-C / SIGTERM first, then
+#: lets the one request that publishes complete.
+Publishing = Callable[[], AbstractContextManager]
 
 
 def uploader(dst: Location, staged: Path) -> Uploader:
@@ -42,13 +45,15 @@ def uploader(dst: Location, staged: Path) -> Uploader:
     return Uploader(dst, staged, rename=lambda name: _tagged(name, run))
 
 
-def publish(staged: Path, dst: Location, overwrite: bool, verify: Check | None, parts: Uploader
-            ) -> tuple[list[str], dict | None]:
+def publish(staged: Path, dst: Location, overwrite: bool, verify: Check | None, parts: Uploader,
+            publishing: Publishing = nullcontext) -> tuple[list[str], dict | None]:
     """Publish the store written at ``staged`` (a folder store's parts uploaded by ``parts``)
-    at ``dst``; returns (data file URLs, what ``verify`` said)."""
+    at ``dst``; returns (data file URLs, what ``verify`` said). ``publishing()`` wraps the one
+    request that publishes, after every upload has finished: a Ctrl-C that arrived while the
+    last parts were still uploading is acted on there, before anything is published."""
     if staged.is_file():
-        return _publish_file(staged, dst, overwrite, verify)
-    return _publish_folder(staged, dst, overwrite, verify, parts.finish())
+        return _publish_file(staged, dst, overwrite, verify, publishing)
+    return _publish_folder(staged, dst, overwrite, verify, parts.finish(), publishing)
 
 
 def _names(dst: Location) -> set[str]:
@@ -76,14 +81,15 @@ def _recheck(dst: Location, overwrite: bool, ours: set[str] = frozenset()) -> by
     return dst.read_bytes(MANIFEST) if found.fmt != "delta" and dst.exists(MANIFEST) else None
 
 
-def _publish_folder(staged: Path, dst: Location, overwrite: bool, verify: Check | None, renamed: dict[str, str]
-                    ) -> tuple[list[str], dict | None]:
+def _publish_folder(staged: Path, dst: Location, overwrite: bool, verify: Check | None, renamed: dict[str, str],
+                    publishing: Publishing = nullcontext) -> tuple[list[str], dict | None]:
     manifest = json.loads((staged / MANIFEST).read_text())
     manifest["parts"] = [{**p, "file": renamed[p["file"]]} for p in manifest["parts"]]
     new = list(renamed.values())
     try:
         previous = _recheck(dst, overwrite, set(new))
-        dst.fs.pipe_file(dst.file(MANIFEST), json.dumps(manifest, indent=1).encode())
+        with publishing():
+            dst.fs.pipe_file(dst.file(MANIFEST), json.dumps(manifest, indent=1).encode())
     except BaseException:
         remove(dst, new)
         raise
@@ -97,14 +103,15 @@ def _publish_folder(staged: Path, dst: Location, overwrite: bool, verify: Check 
         remove(dst, new)
         raise
     remove_stale(dst, keep=set(new) | {MANIFEST})
+    remove_trials(dst)
     return [dst.url_of(n) for n in new], verified
 
 
-def _publish_file(staged: Path, dst: Location, overwrite: bool, verify: Check | None
-                  ) -> tuple[list[str], dict | None]:
+def _publish_file(staged: Path, dst: Location, overwrite: bool, verify: Check | None,
+                  publishing: Publishing = nullcontext) -> tuple[list[str], dict | None]:
     verified = None
     if verify is not None:
-        hidden = f".trainfeed-tmp-{uuid.uuid4().hex[:8]}"
+        hidden = f"{TRIAL}{uuid.uuid4().hex[:8]}"
         trial = Location(dst.url + hidden, dst.fs, dst.path + hidden, dst.storage_options)
         try:
             trial.fs.put_file(str(staged), trial.path)
@@ -113,7 +120,9 @@ def _publish_file(staged: Path, dst: Location, overwrite: bool, verify: Check | 
             with suppress(Exception):
                 trial.fs.rm_file(trial.path)
     _recheck(dst, overwrite)
-    dst.fs.put_file(str(staged), dst.path)
+    with publishing():
+        dst.fs.put_file(str(staged), dst.path)
+    remove_trials(dst)
     return [dst.url], verified
 
 
@@ -136,6 +145,24 @@ def remove_stale(dst: Location, keep: set[str]) -> None:
     store now at ``dst`` does not use (the replaced generation or layout, a killed run's
     leftovers); ``keep``: the names it uses. Only names trainfeed writes are touched."""
     remove(dst, [n for n in _names(dst) - keep if _PART.fullmatch(n) or n in (MANIFEST, "_delta_log")])
+
+
+#: An HDF5 file's ``--verify`` trial copy: ``DST.trainfeed-tmp-<run>``, beside DST.
+TRIAL = ".trainfeed-tmp-"
+
+
+def remove_trials(dst: Location) -> None:
+    """Delete the ``--verify`` trial copies that earlier runs to ``dst`` left beside it (a run
+    killed while it checked one). Only names of that exact form, ``DST.trainfeed-tmp-`` and a
+    run tag, are touched; best effort: one listing of DST's parent folder."""
+    if dst.local:
+        return
+    trial = re.compile(re.escape(dst.name + TRIAL) + r"[0-9a-f]{8}")
+    with suppress(Exception):
+        parent = dst.path.rsplit("/", 1)[0] if "/" in dst.path else dst.path
+        found = [p for p in dst.fs.ls(parent, detail=False) if trial.fullmatch(p.rstrip("/").rsplit("/", 1)[-1])]
+        if found:
+            dst.fs.rm(found)
 
 
 #: The data files trainfeed writes into folder stores: with or without a run tag, and Delta's.

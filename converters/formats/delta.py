@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 import tempfile
 import uuid
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import pyarrow as pa
 from deltalake import ColumnProperties, CommitProperties, DeltaTable, Schema, WriterProperties
@@ -142,7 +142,8 @@ def _commit_properties(schema: DatasetSchema) -> CommitProperties:
 
 
 def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
-          *, since_version: int | None = None) -> WriteResult:
+          *, since_version: int | None = None, publishing: Callable[[], AbstractContextManager] = nullcontext
+          ) -> WriteResult:
     """Write Parquet parts (the same fast writer as ``--to parquet``) into the table folder,
     then commit them in one Delta transaction. ``path``: a local path or a Location on object
     storage (parts are written to a local temporary folder, uploaded, then committed through
@@ -154,7 +155,11 @@ def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: Wr
     ``since_version``: for overwrite and append, the version the caller checked the table at.
     Just before committing, the table must still be trainfeed's, and (append) no id written
     here may have been added by a commit after that version (another writer): TrainfeedError,
-    nothing committed."""
+    nothing committed.
+
+    ``publishing()`` wraps the commit, once every part is uploaded (a conversion's
+    ``SafeInterrupts.publishing``: a Ctrl-C that came meanwhile stops the run there, nothing
+    committed)."""
     loc = as_location(path)
     run = uuid.uuid4().hex[:12]
     written: list[str] = []
@@ -169,14 +174,16 @@ def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: Wr
             actions = [_add_action(p, schema.labeled) for p in parts]
             delta_schema = Schema.from_arrow(arrow_schema(schema, opts.tensor_column))
             if opts.mode == "create":
-                create_table_with_add_actions(loc.delta_uri(), delta_schema, actions, mode="error",
-                                              storage_options=loc.delta_options() or None,
-                                              commit_properties=_commit_properties(schema))
+                with publishing():
+                    create_table_with_add_actions(loc.delta_uri(), delta_schema, actions, mode="error",
+                                                  storage_options=loc.delta_options() or None,
+                                                  commit_properties=_commit_properties(schema))
             else:
                 table = open_table(loc) if since_version is None else \
                     _recheck(loc, since_version, written if opts.mode == "append" else [])
-                table.create_write_transaction(actions, mode=opts.mode, schema=delta_schema,
-                                               commit_properties=_commit_properties(schema))
+                with publishing():
+                    table.create_write_transaction(actions, mode=opts.mode, schema=delta_schema,
+                                                   commit_properties=_commit_properties(schema))
         except BaseException:
             _remove_orphans(loc, run)
             raise

@@ -94,23 +94,27 @@ class _Sink(io.RawIOBase):
 F = TypeVar("F", bound=Callable)
 
 
+_HELD = (signal.SIGINT, signal.SIGTERM)
+
+
 def _ctrl_c_after(fn: F) -> F:
-    """Run ``fn`` with Ctrl-C held back until it returns. Through the file-object driver HDF5
-    calls Python (``_Sink``); a KeyboardInterrupt raised there leaves HDF5 in a state that
-    crashes the interpreter."""
+    """Run ``fn`` with Ctrl-C (and SIGTERM) held back until it returns. Through the file-object
+    driver HDF5 calls Python (``_Sink``); an exception raised there by a signal handler leaves
+    HDF5 in a state that crashes the interpreter."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         if threading.current_thread() is not threading.main_thread():
             return fn(*args, **kwargs)  # signals are only handled in the main thread
         caught: list[int] = []
-        previous = signal.signal(signal.SIGINT, lambda signum, _frame: caught.append(signum))
+        previous = {s: signal.signal(s, lambda signum, _frame: caught.append(signum)) for s in _HELD}
         try:
             return fn(*args, **kwargs)
         finally:
-            signal.signal(signal.SIGINT, previous)
-            if caught:
-                signal.raise_signal(signal.SIGINT)  # now, with the usual handler
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            for s in dict.fromkeys(caught):
+                signal.raise_signal(s)  # now, with the usual handler
 
     return wrapper  # type: ignore[return-value]
 

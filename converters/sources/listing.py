@@ -74,11 +74,19 @@ def _listing_problem(fs: fsspec.AbstractFileSystem, path: str, rel: str, info: d
 
 def list_source(url: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, Listing]:
     """All sample files under ``url``, sorted by id. Fails on an empty or mixed folder."""
-    fs, root = open_fs(url, storage_options)
+    fs, root = open_fs(url, storage_options)  # checked there; a SAS token moved into the options
     deadline = call_timeout(storage_options)
     try:
-        if not call(fs, "isdir", root, deadline=deadline):
-            raise TrainfeedError(f"{url}: source folder does not exist or is not a folder")
+        # info, not isdir: isdir calls any error "not a folder", an HTTP 500 included
+        try:
+            kind = call(fs, "info", root, deadline=deadline).get("type")
+        except FileNotFoundError as exc:
+            if isinstance(exc, TrainfeedError):  # the bucket / container itself is missing: it says so
+                raise
+            raise TrainfeedError(f"{url}: source folder does not exist") from None
+        if kind != "directory":
+            raise TrainfeedError(f"{url}: source is not a folder (a {kind or 'file'}); give the folder that holds "
+                                 "the sample files")
         # No time limit on the walk itself: a large folder takes long to list. Each of its
         # requests is bounded by the storage client's own retries.
         entries = fs.find(root, detail=True)

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from datetime import timedelta
+from urllib.parse import parse_qs, urlsplit
 
-from trainfeed.converters.errors import UsageError
+from trainfeed.converters.errors import TrainfeedError, UsageError
+from trainfeed.converters.redact import register_secret, redact, redact_url
 
 AZURE = ("abfs", "abfss", "az")
 S3 = ("s3", "s3a")
@@ -47,6 +50,18 @@ def no_answer(url: str, deadline: float | None) -> str:
             f"reachable, or allow longer with --storage-option {CALL_TIMEOUT}=SECONDS")
 
 
+class BucketNotFound(TrainfeedError, FileNotFoundError):
+    """The bucket (container) a URL names does not exist at the endpoint."""
+
+
+def bucket_not_found(url: str) -> str:
+    """The message for a URL whose bucket (container) does not exist."""
+    scheme, rest = url.split("://", 1)
+    what = "container" if scheme in AZURE else "bucket"
+    return (f"{url}: {what} {rest.split('/', 1)[0]!r} not found; check its name and the account or endpoint "
+            f"(trainfeed does not create {what}s)")
+
+
 _AZURE_NAMES = {"account_name": "account_name", "account_key": "account_key", "sas_token": "sas_token",
                 "client_id": "client_id", "client_secret": "client_secret", "tenant_id": "tenant_id"}
 _S3_NAMES = {"key": "aws_access_key_id", "secret": "aws_secret_access_key", "token": "aws_session_token",
@@ -54,9 +69,16 @@ _S3_NAMES = {"key": "aws_access_key_id", "secret": "aws_secret_access_key", "tok
 
 
 def _connection_string(text: str) -> dict[str, str]:
-    parts = dict(p.split("=", 1) for p in text.split(";") if "=" in p)
+    """An Azure connection string's parts in object_store's names. A SAS connection string
+    (``BlobEndpoint=...;SharedAccessSignature=...``) names no account: it is the endpoint's
+    (``https://ACCOUNT.blob.core.windows.net``, or the emulator's ``http://host:port/ACCOUNT``)."""
+    parts = {k.strip(): v.strip() for k, v in (p.split("=", 1) for p in text.split(";") if "=" in p)}
     out = {"account_name": parts.get("AccountName"), "account_key": parts.get("AccountKey"),
-           "sas_token": parts.get("SharedAccessSignature"), "endpoint": parts.get("BlobEndpoint")}
+           "sas_token": (parts.get("SharedAccessSignature") or "").lstrip("?"), "endpoint": parts.get("BlobEndpoint")}
+    if not out["account_name"] and out["endpoint"]:
+        endpoint = urlsplit(out["endpoint"])
+        first = endpoint.path.strip("/").split("/")[0]
+        out["account_name"] = first or (endpoint.hostname or "").split(".")[0]
     return {k: v for k, v in out.items() if v}
 
 
@@ -110,3 +132,76 @@ def client_settings(scheme: str, options: dict, deadline: float | None) -> tuple
              "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=5),
                          "base": 2.0}}
     return config, client, retry
+
+
+#: Schemes whose URLs must have ``//``: the object stores, and what fsspec knows besides.
+_STORAGE_SCHEMES = set(NATIVE_SCHEMES) | {"file", "memory", "http", "https", "hdfs", "gcs", "adl", "emulated"}
+_SCHEME_NO_SLASHES = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]+):(?!//)(.*)", re.S)
+#: What a bucket or container (and an ``@account.host`` or ``:port`` after it) may hold.
+_HOST = re.compile(r"(?:[^@/\s?#]+@)?[A-Za-z0-9._\-]+(?::\d+)?")
+
+
+def scheme_without_slashes(text: str) -> None:
+    m = _SCHEME_NO_SLASHES.fullmatch(text)
+    if m and m.group(1).lower() in _STORAGE_SCHEMES:
+        scheme, rest = m.group(1), m.group(2).lstrip("/")
+        fixed = f"{scheme}://{'/' if scheme.lower() == 'file' else ''}{rest}"
+        raise UsageError(f"{redact_url(text)}: not a valid URL: '{scheme}:' must be followed by '//' (did you mean "
+                         f"{redact_url(fixed)}?); for a local folder with this name, write ./{redact_url(text)}")
+
+
+def parse_url(url, storage_options: dict | None = None) -> tuple[str, dict]:
+    """Check a path or URL a user gave (see storage/location.py's docstring) and return it with its
+    storage options: for a URL carrying an Azure SAS token, the URL without it and the token
+    in the options as ``sas_token``. UsageError, naming the fix, for what cannot mean one
+    place. A local path is returned as it is."""
+    text = str(url)
+    options = dict(storage_options or {})
+    if "://" not in text:
+        scheme_without_slashes(text)
+        return text, options
+    scheme, rest = text.split("://", 1)
+    if scheme.lower() not in NATIVE_SCHEMES:
+        return text, options  # http (a query is part of it), memory://, a user's own file system
+    shown = redact_url(text)
+    host = rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
+    if not rest:
+        return text, options  # the account (``filesystem("abfs")``), no bucket named
+    if not host:
+        raise UsageError(f"{shown}: no bucket or container after '{scheme}://' (write {scheme}://BUCKET/PATH)")
+    if not _HOST.fullmatch(host):
+        bad = sorted({c for c in host if not re.match(r"[A-Za-z0-9._\-@:]", c)}) or ["@ or :"]
+        shown_bad = ", ".join(repr(c) for c in bad)
+        raise UsageError(f"{redact(scheme + '://' + host)!r}: a bucket or container name cannot hold {shown_bad} "
+                         "(only letters, digits, '.', '-' and '_'); check the URL for a stray space or character")
+    if any(ord(c) < 32 or c == "\x7f" for c in rest):
+        raise UsageError(f"{shown!r}: a control character (newline, tab, ...) in an object storage URL; remove it")
+    if "#" in rest:
+        raise UsageError(f"{shown}: '#' in an object storage URL: it would be a fragment to one client and part of "
+                         "the name to another; choose a name without '#'")
+    if "?" in rest:
+        base, query = rest.split("?", 1)
+        sas = _sas_token(scheme, query)
+        if sas is None:
+            raise UsageError(f"{shown}?...: an object storage URL cannot hold a query string: '?' would start one "
+                             "for one client and be part of the name for another; choose a name without '?', "
+                             "and pass credentials with --storage-option (e.g. sas_token=...)")
+        register_secret(sas)
+        given = options.get("sas_token")
+        if given not in (None, sas):
+            raise UsageError(f"{shown}: the URL carries a SAS token and --storage-option sas_token gives another; "
+                             "pass one")
+        options["sas_token"] = sas
+        text = f"{scheme}://{base}"
+    return text, options
+
+
+def _sas_token(scheme: str, query: str) -> str | None:
+    """``query`` if it is an Azure SAS token (it has a signature ``sig``), else None."""
+    if scheme.lower() not in AZURE:
+        return None
+    try:
+        fields = parse_qs(query, keep_blank_values=True, strict_parsing=True)
+    except ValueError:
+        return None
+    return query if fields.get("sig") and fields.get("sv") else None

@@ -14,13 +14,14 @@ import fsspec.asyn
 from fsspec.implementations.local import LocalFileSystem
 
 from trainfeed.converters.errors import UsageError
-from trainfeed.converters.storage.config import AZURE, CALL_TIMEOUT, NATIVE_SCHEMES, call_timeout
+from trainfeed.converters.storage.config import AZURE, CALL_TIMEOUT, NATIVE_SCHEMES, call_timeout, parse_url
 from trainfeed.converters.storage.native import NativeFileSystem
 
 
 def open_fs(url: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
-    """File system and root path for a local path or a URL (abfs://, az://, s3://, gs://, ...)."""
-    options = dict(storage_options or {})
+    """File system and root path for a local path or a URL (abfs://, az://, s3://, gs://, ...),
+    checked first (``parse_url``: a UsageError for what cannot mean one place)."""
+    url, options = parse_url(url, storage_options)
     scheme = urlsplit(url).scheme.lower() if "://" in url else ""
     if scheme in NATIVE_SCHEMES:
         host = urlsplit(url).netloc

@@ -7,6 +7,23 @@ system (the native client for Azure Blob, S3 and GCS, fsspec for other URLs: see
 credentials in object_store's option names (``delta_options``). A wrapper filesystem (the benchmarks'
 latency emulation) exposes ``inner_url(path)`` and ``inner_options`` so that delta-rs can
 reach the storage underneath it.
+
+Every path or URL a user gives goes through one parser (``config.parse_url``, called by
+``is_remote``, ``locate``, ``open_fs`` and, before any work, ``convert``), so that a URL means
+one place:
+
+- ``s3:/bucket/x`` or ``abfs:container/x`` (a storage scheme without ``//``) is an error
+  naming the fix, never a local folder ``./s3:``;
+- the bucket (container) must be a bare name: a space, ``%``, ``?``, ``#`` or any other
+  character a host cannot hold is an error (object_store would panic on it);
+- an object storage URL is taken literally up to a ``?`` or ``#``, which are refused: the
+  part after them would be a query or fragment to one client and part of the object name
+  to another (a Delta table's log and data under two prefixes). The one exception is an
+  Azure SAS token (``?sv=...&sig=...``): it is moved into the storage options
+  (``sas_token``), never part of an object name, never printed;
+- ``%`` in a key is a literal ``%`` (what the native client stores); in a Delta table's URL
+  it is refused (``check_delta_url``), as delta-rs decodes ``%XX`` (a table's log and data
+  would be under two prefixes).
 """
 from __future__ import annotations
 
@@ -17,16 +34,39 @@ from urllib.parse import urlsplit
 
 import fsspec
 
+from trainfeed.converters.errors import UsageError
 from trainfeed.converters.redact import redact_url
-from trainfeed.converters.storage.config import object_store_options
+from trainfeed.converters.storage.config import (object_store_options, parse_url,  # noqa: F401 (parse_url: re-exported)
+                                                 scheme_without_slashes)
 from trainfeed.converters.storage.filesystems import is_local, open_fs
 from trainfeed.converters.storage.native import Identity
 
 
+def check_delta_url(url) -> None:
+    """UsageError for a Delta table URL holding ``%``: delta-rs reads ``%XX`` as an escape (and
+    not always once), the object client as the characters themselves, so the log and the
+    data would land under two prefixes."""
+    text = parse_url(url)[0]  # without a SAS token
+    if is_remote(text) and "%" in text.split("://", 1)[1]:
+        raise UsageError(f"{redact_url(text)}: '%' in a Delta table URL: delta-rs reads %XX as an escape, the "
+                         "object client as a name, so the table's log and data would be in two places; choose a "
+                         "name without '%'")
+
+
+def check_url(url) -> None:
+    """``parse_url`` for its errors only: a path or URL checked before any work."""
+    if url is not None:
+        parse_url(url)
+
+
 def is_remote(url) -> bool:
-    """Whether ``url`` names object storage (or any fsspec filesystem) rather than a local path."""
+    """Whether ``url`` names object storage (or any fsspec filesystem) rather than a local path.
+    ``s3:/bucket`` (a storage scheme without ``//``) is a UsageError, never a local path."""
     text = str(url)
-    return "://" in text and not text.startswith("file://")
+    if "://" not in text:
+        scheme_without_slashes(text)
+        return False
+    return not text.startswith("file://")
 
 
 @dataclass(frozen=True)
@@ -90,7 +130,10 @@ class Location:
         if self.local:
             return self.path
         inner = getattr(self.fs, "inner_url", None)
-        return inner(self.path) if inner else self.url.split("?", 1)[0].rstrip("/")
+        if inner:
+            return inner(self.path)
+        check_delta_url(self.url)
+        return self.url.split("?", 1)[0].rstrip("/")
 
     def delta_options(self) -> dict[str, str]:
         """``storage_options`` in delta-rs's (object_store's) names."""
@@ -103,8 +146,7 @@ class Location:
 
 def locate(url, storage_options: dict | None = None) -> Location:
     """The Location of a local path (made absolute) or URL."""
-    text = str(url)
-    options = dict(storage_options or {})
+    text, options = parse_url(url, storage_options)
     if not is_remote(text):
         path = os.path.abspath(text.removeprefix("file://"))
         return Location(path, fsspec.filesystem("file"), path, options)

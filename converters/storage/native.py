@@ -142,7 +142,11 @@ class NativeFileSystem(AbstractFileSystem):
             return fn(*args, **kwargs)
         except PreconditionError:
             raise ObjectChanged(changed_message(self.unstrip_protocol(path))) from None
-        except FileNotFoundError:
+        except FileNotFoundError as exc:
+            from trainfeed.converters.storage.config import BucketNotFound, bucket_not_found
+
+            if re.search(r"NoSuchBucket|ContainerNotFound", str(exc)):
+                raise BucketNotFound(bucket_not_found(self.unstrip_protocol(path))) from None
             raise FileNotFoundError(f"{self.unstrip_protocol(path)}: not found") from None
         except (PermissionDeniedError, UnauthenticatedError, PermissionError) as exc:
             raise AccessDenied(f"{self.unstrip_protocol(path)}: access denied: the credentials were refused or "
@@ -154,8 +158,21 @@ class NativeFileSystem(AbstractFileSystem):
             status = _STATUS.search(text)
             if status is None:  # no answer at all: refused, reset or timed out, retries included
                 raise FSTimeoutError(f"{self.unstrip_protocol(path)}: {text}") from None
-            raise StorageError(f"{self.unstrip_protocol(path)}: the storage answered HTTP {status.group(1)} for "
-                               f"{time.monotonic() - began:.0f} s, retries included") from None
+            code, full = status.group(1), str(exc)
+            if code == "404":  # not retried: a bucket / container, or a key, that is not there
+                from trainfeed.converters.storage.config import BucketNotFound, bucket_not_found
+
+                if re.search(r"NoSuchBucket|ContainerNotFound", full):
+                    raise BucketNotFound(bucket_not_found(self.unstrip_protocol(path))) from None
+                raise FileNotFoundError(f"{self.unstrip_protocol(path)}: not found (HTTP 404)") from None
+            cause = re.search(r"<Code>([^<]{1,80})</Code>", full)
+            cause = f" ({cause.group(1)})" if cause else ""
+            retried = code.startswith("5") or code in ("408", "429")  # what the client retries with backoff
+            limit = f"call_timeout={self.deadline:g} s" if self.deadline else "no call_timeout"
+            tail = (f", retried for {time.monotonic() - began:.0f} s ({limit}; --storage-option "
+                    "call_timeout=SECONDS sets it)") if retried else ""
+            raise StorageError(f"{self.unstrip_protocol(path)}: the storage answered HTTP {code}{cause}{tail}"
+                               ) from None
 
     # ------------------------------------------------------------------ reads
 

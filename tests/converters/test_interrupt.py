@@ -50,7 +50,7 @@ def read_all(fmt: str, path: Path) -> dict:
     return {sid: f["volume"] for sid, _, f in READERS[fmt].read_samples(path)}
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
 @pytest.mark.parametrize("fmt,name", [("parquet", "new.parquet"), ("delta", "new.delta"), ("hdf5", "new_shards")])
 def test_killed_new_store_is_never_visible(tmp_path, big_source, fmt, name, sig):
     src, truth = big_source
@@ -59,10 +59,11 @@ def test_killed_new_store_is_never_visible(tmp_path, big_source, fmt, name, sig)
     wait_for_partial_output(tmp_path, name, proc)
     proc.send_signal(sig)
     code = proc.wait(30)
-    assert code == (130 if sig == signal.SIGINT else -9)
+    assert code == {signal.SIGINT: 130, signal.SIGTERM: 143}.get(sig, -9)
     assert not dst.exists() and detect_format(dst) is None
-    if sig == signal.SIGINT:  # clean exit: staging removed at once
-        assert "interrupted" in proc.stderr.read().decode()
+    if sig != signal.SIGKILL:  # clean exit, one line: staging removed at once
+        lines = proc.stderr.read().decode().strip().splitlines()
+        assert len(lines) == 1 and "nothing was published" in lines[0], lines
         assert [p.name for p in tmp_path.iterdir()] == []
     # The next run cleans up whatever a SIGKILL left, and completes.
     done = subprocess.run([sys.executable, "-m", "trainfeed.converters", str(src), str(dst), "--to", fmt, "--no-progress"],
@@ -109,3 +110,24 @@ def test_ctrl_c_waits_for_a_safe_point_and_a_second_one_does_not():
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_sigterm_is_a_flag_too_and_the_publishing_step_is_never_cut():
+    """SIGTERM: checked like Ctrl-C, then ``Interrupted`` (exit 143). Inside ``publishing()``
+    a second signal only waits; ``after_publishing`` then says the store is complete."""
+    from trainfeed.converters.interrupt import Interrupted, SafeInterrupts
+
+    before = signal.getsignal(signal.SIGTERM)
+    with SafeInterrupts() as interrupts:
+        signal.raise_signal(signal.SIGTERM)
+        with pytest.raises(Interrupted, match="nothing was published") as err:
+            interrupts.check()
+        assert err.value.exit_code == 143
+    with SafeInterrupts() as interrupts:
+        with interrupts.publishing():
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)  # a second one: the publishing request still completes
+        with pytest.raises(Interrupted, match="complete") as err:
+            interrupts.after_publishing("s3://b/store")
+        assert err.value.exit_code == 130
+    assert signal.getsignal(signal.SIGTERM) is before
