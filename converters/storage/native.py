@@ -156,6 +156,12 @@ class NativeFileSystem(AbstractFileSystem):
         except BaseError as exc:
             text = _first_line(exc)
             status = _STATUS.search(text)
+            if status is None and "invalid path" in text:  # an answer, naming an object the client cannot hold
+                name = re.search(r'Error parsing Path "(.*?)": Encountered', str(exc), re.S)
+                raise TrainfeedError(f"{self.unstrip_protocol(path)}: holds an object whose name the storage client "
+                                     f"cannot use ({redact(repr(name.group(1))) if name else text}): a control "
+                                     "character such as a newline, or an empty path segment; rename or remove "
+                                     "that object") from None
             if status is None:  # no answer at all: refused, reset or timed out, retries included
                 raise FSTimeoutError(f"{self.unstrip_protocol(path)}: {text}") from None
             code, full = status.group(1), str(exc)

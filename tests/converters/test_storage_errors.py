@@ -127,3 +127,37 @@ def test_an_error_status_that_is_not_retried_is_not_said_to_be(storage, tmp_path
     assert done.returncode == 1
     assert line.startswith(f"error: {scheme}://{bucket}/src: the storage answered HTTP 400"), line
     assert "retried" not in line and "retries" not in line and "cannot write" not in line, line
+
+
+def put_with_another_tool(server, scheme: str, bucket: str, key: str, data: bytes) -> None:
+    """Write an object the way another tool would (Azure's SDK, botocore): trainfeed's client
+    refuses to write such names at all."""
+    if scheme == "abfs":
+        from azure.storage.blob import BlobServiceClient
+
+        BlobServiceClient.from_connection_string(server.connection_string).get_container_client(bucket).upload_blob(
+            key, data)
+        return
+    import botocore.session
+
+    from trainfeed.benchmarks.emulators import s3server
+
+    botocore.session.get_session().create_client(
+        "s3", endpoint_url=server.storage_options["endpoint_url"], region_name="us-east-1",
+        aws_access_key_id=s3server.ACCESS_KEY, aws_secret_access_key=s3server.SECRET_KEY,
+    ).put_object(Bucket=bucket, Key=key, Body=data)
+
+
+def test_an_object_name_the_client_cannot_use_is_named(storage, tmp_path):
+    """One key with a newline (a tab on moto), written by another tool: before issue #24 the whole folder was
+    "the storage did not answer within 30 s" (after 1-3 s). Now the object is named, at once."""
+    server, scheme, bucket, options = storage
+    upload_source(tmp_path, scheme, bucket, options)
+    odd = "src/odd\nname.npy" if scheme == "abfs" else "src/odd\tname.npy"  # moto cannot store a newline
+    put_with_another_tool(server, scheme, bucket, odd, (tmp_path / "vols" / "v000.npy").read_bytes())
+    done = cli("trainfeed.converters", f"{scheme}://{bucket}/src", tmp_path / "o.parquet", "--to", "parquet",
+               "--labels", tmp_path / "vols" / "labels.csv", *options_cli(options), "--no-progress", cwd=tmp_path)
+    line = one_line(done)
+    assert done.returncode == 1
+    assert "did not answer" not in line and repr(odd) in line and "rename or remove" in line, line
+    assert not (tmp_path / "o.parquet").exists()
