@@ -19,10 +19,15 @@ from trainfeed.training.reading.readers import Batch, ReaderOptions, iter_batche
 from trainfeed.benchmarks.ab.config import MatrixConfig
 from trainfeed.benchmarks.ab.hostload import LoadMonitor
 from trainfeed.benchmarks.ab.storage import StoreSource
+from trainfeed.benchmarks.model.verdict import MIN_TIMED_SAMPLES, MIN_TIMED_SECONDS
 
 #: Ingest-only reads a store to the end of its epoch when it holds at most this many times the
 #: samples the timed window read: the reader may have read that much ahead already.
 FULL_PASS_FACTOR = 4
+#: A timed window shorter than verdict's minimum (a small dataset read in milliseconds) is
+#: extended by timing further epochs of the store, for at most this many seconds or epochs.
+EXTEND_BUDGET_S = 10.0
+EXTEND_MAX_EPOCHS = 1000
 
 
 class ReadTally:
@@ -83,12 +88,31 @@ def ingest_only(src: StoreSource, opts: ReaderOptions, steps: int, on_step: Call
         for batch in batches:
             tally.add(batch)
     cpu_s = time.process_time() - cpu_open
+    stats = requests.stats() if requests else None  # per sample of the first pass, as cpu_s
+    seconds, timed, timed_bytes, extra = _extend(store, opts, seconds, timed, timed_bytes)
     return {"samples_per_s": timed / seconds if seconds and timed else None,
             "mb_per_s": timed_bytes / seconds / 1e6 if seconds and timed else None, "samples": tally.samples,
-            "timed_samples": timed, "seconds": seconds, "cpu_s": cpu_s,
+            "timed_samples": timed, "seconds": seconds, "extra_epochs": extra, "cpu_s": cpu_s,
             "cpu_s_per_sample": cpu_s / tally.samples if tally.samples else None,
-            "requests": requests.stats() if requests else None, "ids_labels_sha256": tally.digest,
+            "requests": stats, "ids_labels_sha256": tally.digest,
             "load": load.summary()}
+
+
+def _extend(store, opts: ReaderOptions, seconds: float, timed: int, timed_bytes: int) -> tuple[float, int, int, int]:
+    """A timed window too short to mean anything (verdict.too_short), extended with whole further
+    epochs of the store, timed the same way, until it lasts MIN_TIMED_SECONDS over
+    MIN_TIMED_SAMPLES samples (or the budget runs out: the report then says the rate is too
+    short). Returns (seconds, samples, bytes, epochs added)."""
+    extra, started = 0, time.perf_counter()
+    while ((seconds < MIN_TIMED_SECONDS or timed < MIN_TIMED_SAMPLES) and timed and extra < EXTEND_MAX_EPOCHS
+           and time.perf_counter() - started < EXTEND_BUDGET_S):
+        extra += 1
+        t0 = time.perf_counter()
+        for batch in iter_batches(store, opts, epoch=extra):
+            timed += len(batch.ids)
+            timed_bytes += batch.nbytes
+        seconds += time.perf_counter() - t0
+    return seconds, timed, timed_bytes, extra
 
 
 def _request_counter(src: StoreSource):
