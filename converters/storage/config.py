@@ -14,6 +14,8 @@ import re
 from datetime import timedelta
 from urllib.parse import parse_qs, urlsplit
 
+from fsspec.exceptions import FSTimeoutError
+
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.redact import register_secret, redact, redact_url
 
@@ -42,6 +44,11 @@ def call_timeout(storage_options: dict | None) -> float | None:
     if seconds < 0 or math.isnan(seconds):
         raise UsageError(f"--storage-option {CALL_TIMEOUT} expects a number of seconds (0: no limit), got {value!r}")
     return seconds or None
+
+
+class NoAnswer(TrainfeedError, FSTimeoutError):
+    """The storage did not answer within ``call_timeout`` (retries included): an FSTimeoutError
+    for the callers that handle one, with the message a user needs for those that do not."""
 
 
 def no_answer(url: str, deadline: float | None) -> str:

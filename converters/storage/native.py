@@ -163,7 +163,10 @@ class NativeFileSystem(AbstractFileSystem):
                                      "character such as a newline, or an empty path segment; rename or remove "
                                      "that object") from None
             if status is None:  # no answer at all: refused, reset or timed out, retries included
-                raise FSTimeoutError(f"{self.unstrip_protocol(path)}: {text}") from None
+                from trainfeed.converters.storage.config import NoAnswer, no_answer
+
+                raise NoAnswer(f"{no_answer(self.unstrip_protocol(path), self.deadline)} (last: "
+                               f"{text.rsplit(' - ', 1)[-1]})") from None
             code, full = status.group(1), str(exc)
             if code == "404":  # not retried: a bucket / container, or a key, that is not there
                 from trainfeed.converters.storage.config import BucketNotFound, bucket_not_found

@@ -161,3 +161,22 @@ def test_an_object_name_the_client_cannot_use_is_named(storage, tmp_path):
     assert done.returncode == 1
     assert "did not answer" not in line and repr(odd) in line and "rename or remove" in line, line
     assert not (tmp_path / "o.parquet").exists()
+
+
+def test_a_storage_that_hangs_at_open_is_said_to_not_answer(storage, tmp_path):
+    """``train`` on a store whose storage stops answering (every request held by the relay),
+    with ``call_timeout=3``: before issue #24, "unexpected FSTimeoutError" after 13-15 s."""
+    server, scheme, bucket, options = storage
+    upload_source(tmp_path, scheme, bucket, options)
+    url = f"{scheme}://{bucket}/store.parquet"
+    made = cli("trainfeed.converters", f"{scheme}://{bucket}/src", url, "--to", "parquet", "--labels",
+               tmp_path / "vols" / "labels.csv", *options_cli(options), "--no-progress", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    with Relay(server.endpoint) as relay:
+        relay.stall()
+        done = cli("trainfeed.training", "--data", url, *options_cli(through(relay, server, scheme, options)),
+                   "--storage-option", "call_timeout=3", "--epochs", "1", "--no-progress", "--out", tmp_path / "run",
+                   cwd=tmp_path)
+    line = one_line(done)
+    assert done.returncode == 1
+    assert "unexpected" not in line and "did not answer within 3 s" in line and url.rsplit("/", 1)[0] in line, line
