@@ -102,6 +102,19 @@ BASELINE_HELP = ("Your current loader, for the small files' row: KEY=VALUE,... o
                  "report then says what repacking gains over it and what better loading alone would gain.")
 
 
+MY_INSTANCE_HELP = ("The instance you train on today, by its catalog name (e.g. Standard_NC4as_T4_v3; "
+                    "`storage-bench prices` lists them): the report's costs always show it beside the fastest, "
+                    "the cheapest and the best per dollar of each node type.")
+
+
+def _check_my_instance(name: str | None, catalog: Path) -> None:
+    from trainfeed.benchmarks.model.catalog import load_catalog
+    from trainfeed.benchmarks.report.report import check_instance
+
+    if name is not None:
+        check_instance(name, load_catalog(catalog)[0], catalog)
+
+
 def _csv(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
@@ -159,6 +172,7 @@ def run(
                                       "decoded as read), decoded (pixels); one store per format and choice, named "
                                       "FORMAT-encoded, FORMAT-decoded."),
     baseline_loader: Optional[str] = typer.Option(None, "--baseline-loader", help=BASELINE_HELP),
+    my_instance: Optional[str] = typer.Option(None, "--my-instance", help=MY_INSTANCE_HELP),
     scenario: Optional[Path] = typer.Option(None, "--scenario", help="A scenario file (TOML, see scenarios/): the "
                                             "workload, model, storage, loaders and nodes to project onto, with the "
                                             "published times to compare with; it sets the matrix (stores, nodes, "
@@ -180,12 +194,13 @@ def run(
 
     with exit_codes():
         baseline = parse_loader(baseline_loader) if baseline_loader else None
+        _check_my_instance(my_instance, catalog)  # before measuring anything
         log = lambda m: typer.echo(redact(m), err=True)  # noqa: E731
         if scenario is not None:
             sc = load_scenario(scenario)
             cfg = prepare(sc, out, src, log, storage_backend, parse_storage_options(storage_option))
             run_matrix(cfg, log, MatrixProgress(0))
-            info = report_mod.build(str(out), catalog=catalog, scenario=sc)
+            info = report_mod.build(str(out), catalog=catalog, scenario=sc, my_instance=my_instance)
             typer.echo(redact_json(info, default=str) if as_json else _report_line(info))
             _fail_unless_measured(info)
             return
@@ -201,7 +216,7 @@ def run(
                            image_storage=_csv(image_storage))
         run_matrix(cfg, log, MatrixProgress(0))
         info = report_mod.build(str(out), target_samples=target_samples, target_epochs=target_epochs, catalog=catalog,
-                                baseline=baseline)
+                                baseline=baseline, my_instance=my_instance)
         typer.echo(redact_json(info, default=str) if as_json else _report_line(info))
         _fail_unless_measured(info)
 
@@ -224,6 +239,7 @@ def report(
     target_epochs: int = typer.Option(5, "--target-epochs"),
     catalog: Path = typer.Option(CATALOG, "--catalog"),
     baseline_loader: Optional[str] = typer.Option(None, "--baseline-loader", help=BASELINE_HELP),
+    my_instance: Optional[str] = typer.Option(None, "--my-instance", help=MY_INSTANCE_HELP),
 ) -> None:
     from trainfeed.benchmarks.report import report as report_mod
     from trainfeed.benchmarks.model.projection import parse_loader
@@ -231,7 +247,7 @@ def report(
     with exit_codes():
         baseline = parse_loader(baseline_loader) if baseline_loader else None
         info = report_mod.build(str(out), target_samples=target_samples, target_epochs=target_epochs, catalog=catalog,
-                                baseline=baseline)
+                                baseline=baseline, my_instance=my_instance)
         typer.echo(_report_line(info))
         _fail_unless_measured(info)
 

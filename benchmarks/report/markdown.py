@@ -23,7 +23,8 @@ def _storage_key(cell) -> tuple:
     return cell["storage"]["backend"], cell["storage"]["profile"], tuple(sorted(cell["connections"].items()))
 
 
-def markdown(cells, spread, locations, stores, nodes, frameworks, advice, notes, errors) -> str:
+def markdown(cells, spread, locations, stores, nodes, frameworks, advice, notes, errors,
+             my_instance: str | None = None) -> str:
     any_cell = next(iter(cells.values()))
     env = any_cell["env"]
     plan = advice["plan"]
@@ -48,7 +49,7 @@ def markdown(cells, spread, locations, stores, nodes, frameworks, advice, notes,
     lines += _feeds_section(advice)
     lines += _effects(cells, locations, same_storage)
     lines += _cells_section(cells, spread, nodes, stores)
-    lines += _costs_section(advice)
+    lines += _costs_section(advice, my_instance)
     lines += _remedies_section(advice)
     lines += _method(advice, notes)
     lines += _failures_section(errors)
@@ -318,10 +319,11 @@ RAM_FOOTNOTE = ("[ram] the dataset does not fit in 80% of the instance's RAM: ep
                 "again, not the page cache (the full note per instance: costs.csv)")
 
 
-def _pick_costs(advice) -> list[tuple[str, dict]]:
+def _pick_costs(advice, my_instance: str | None = None) -> list[tuple[str, dict]]:
     """The few cost rows that matter, each with why it is listed: the fastest and the cheapest
     of all, the best per dollar on each kind of node (a GPU model, or CPU only), the
-    scenario's own instances, and the small files on the cheapest instance (what today costs)."""
+    scenario's own instances or ``my_instance`` (`--my-instance`: its cheapest option), and the
+    small files on the cheapest instance (what today costs)."""
     rows = [r for rs in advice["projections"].values() for r in rs]
     if not rows:
         return []
@@ -344,6 +346,11 @@ def _pick_costs(advice) -> list[tuple[str, dict]]:
         today = [r for r in priced if r["store"] == "blob" and r["machine"] == cheapest["machine"]]
         if cheapest["store"] != "blob" and today:
             pick(min(today, key=lambda r: r["usd_per_job"]), "the small files on the cheapest instance")
+    if my_instance:
+        mine = [r for r in rows if r["machine"] == my_instance]
+        if mine:
+            pick(min(mine, key=lambda r: (r["usd_per_job"] is None, r["usd_per_job"] or 0, r["seconds"])),
+                 "your instance")
     sc = advice["plan"].scenario
     if sc is not None:
         for n in sc.nodes:
@@ -354,10 +361,10 @@ def _pick_costs(advice) -> list[tuple[str, dict]]:
                                                      wr[1]["seconds"]))
 
 
-def _costs_section(advice) -> list[str]:
+def _costs_section(advice, my_instance: str | None = None) -> list[str]:
     """Only the rows that matter (``_pick_costs``); the whole catalog is in costs.csv and, folded,
     in report.html."""
-    picked = _pick_costs(advice)
+    picked = _pick_costs(advice, my_instance)
     if not picked:
         return []
     total = sum(len(rs) for rs in advice["projections"].values())

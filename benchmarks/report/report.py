@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from trainfeed.converters.errors import UsageError
 from trainfeed.converters.redact import redact
 
 from trainfeed.benchmarks.report import charts as charts_mod
@@ -59,9 +60,10 @@ def _failure_line(rec: dict) -> str:
 
 
 def build(out: str, *, target_samples: int = 650_000, target_epochs: int = 5, catalog: Path = CATALOG,
-          baseline: Loader | None = None, scenario: Scenario | None = None) -> dict:
-    """Write results.csv, report.md and report.html from OUT/results.jsonl (and, for a scenario
-    run, OUT/reference.json); ``scenario`` defaults to the copy a scenario run left in OUT."""
+          baseline: Loader | None = None, scenario: Scenario | None = None, my_instance: str | None = None) -> dict:
+    """Write results.csv, costs.csv, report.md and report.html from OUT/results.jsonl (and, for a
+    scenario run, OUT/reference.json); ``scenario`` defaults to the copy a scenario run left in
+    OUT; ``my_instance``: a catalog instance whose cost the report always shows."""
     records = load_results(out)
     outdir = Path(out)
     if scenario is None and (outdir / SCENARIO_COPY).is_file():
@@ -74,6 +76,7 @@ def build(out: str, *, target_samples: int = 650_000, target_epochs: int = 5, ca
     nodes = list(dict.fromkeys(k[1] for k in cells))
     frameworks = list(dict.fromkeys(k[2] for k in cells))
     instances, notes = load_catalog(catalog)
+    check_instance(my_instance, instances, catalog)
     advice = None
     catalog_md = ""
     _write_csv(outdir / "results.csv", cells.values(), failed.values())
@@ -82,7 +85,8 @@ def build(out: str, *, target_samples: int = 650_000, target_epochs: int = 5, ca
         plan = plan_for(every, Workload(target_samples, target_epochs), baseline, scenario)
         dbu = {r.cloud: r for r in load_dbu_rates() if r.workload == "jobs"}
         advice = build_advice(every, instances, dbu, plan, stores)
-        md = markdown(cells, _spread(records), locations, stores, nodes, frameworks, advice, notes, errors)
+        md = markdown(cells, _spread(records), locations, stores, nodes, frameworks, advice, notes, errors,
+                      my_instance)
         catalog_md = catalog_markdown(advice)
         _write_costs(outdir / "costs.csv", advice["projections"])
         if advice["reference"]:
@@ -97,6 +101,17 @@ def build(out: str, *, target_samples: int = 650_000, target_epochs: int = 5, ca
             "failed_cells": len(failed), "first_error": _failure_line(errors[0]) if errors else None,
             "recommendation": advice and advice["recommendation"],
             "reference": advice and advice["reference"] and advice["reference"]["rows"]}
+
+
+def check_instance(name: str | None, instances, catalog: Path) -> None:
+    """``--my-instance NAME`` names an instance of the catalog (a usage error otherwise, naming the nearest)."""
+    if name is None or any(i.name == name for i in instances):
+        return
+    import difflib
+
+    near = difflib.get_close_matches(name, [i.name for i in instances], n=3)
+    raise UsageError(f"--my-instance {name}: not in the catalog {catalog}"
+                     + (f"; did you mean {', '.join(near)}?" if near else "; `storage-bench prices` lists it"))
 
 
 def _write_reference(path: Path, ref: dict) -> None:

@@ -176,3 +176,25 @@ def test_identical_gpu_rows_say_why_and_no_faster_gpu_is_advised(tmp_path):
     # repacking changes nothing on any of them: said once, not once per node
     assert md.count("repacking changes little") == 1
     assert "- **t4, a100, h100**: repacking changes little (under 15%): the layout is not what binds there." in md
+
+
+def test_your_instance_is_always_among_the_costs(tmp_path):
+    from trainfeed.converters.errors import UsageError
+
+    write_results(tmp_path, ab_records(seconds=2.0, timed_samples=100))
+    report.build(str(tmp_path), target_samples=360_000, target_epochs=2, my_instance="Standard_D16s_v3")
+    md = (tmp_path / "report.md").read_text()
+    costs = md.split("## What it costs")[1].split("\n## ")[0]
+    assert re.search(r"^\| your instance(; [^|]+)? \| [^|]+ \| azure Standard_D16s_v3 \| 16 \|", costs, re.M), costs
+    with pytest.raises(UsageError) as err:
+        report.build(str(tmp_path), my_instance="Standard_D16_v3")
+    assert "--my-instance Standard_D16_v3: not in the catalog" in str(err.value)
+    assert "did you mean Standard_D16s_v3" in str(err.value)
+
+
+def test_an_unknown_instance_is_refused_before_anything_runs(tmp_path):
+    from tests.benchmarks.ab.test_storage_bench import bench_cli
+
+    res = bench_cli("run", tmp_path, "--out", tmp_path / "out", "--my-instance", "g4dn.xlargeX")
+    assert res.exit_code == 2 and "--my-instance g4dn.xlargeX: not in the catalog" in res.stderr
+    assert "did you mean g4dn.xlarge" in res.stderr and not (tmp_path / "out").exists()
