@@ -112,6 +112,13 @@ def _advice(cell: dict, proj: Projection) -> dict:
         feed_text = (f"reading alone could deliver {feed_rate:,.0f}" if feed_rate != float("inf")
                      else "reading costs nothing measurable")
         shared = " with the reader on the same vCPUs" if cell["node"] == "cpu" else ""
+        acc, co = cell.get("accelerator") or {}, cell["compute_only"]
+        if co.get("how") == "estimate" and acc.get("step_floor_s") and math.isclose(co["step_s"], acc["step_floor_s"]):
+            return {"bottleneck": "compute", "advice": f"compute-bound at the {cell['node']} profile's per-step floor "
+                    f"({acc['step_floor_s'] * 1e3:,.0f} ms a step, an estimate: this model and batch are too small "
+                    f"for its FLOPs to count; {proj.samples_per_s:,.0f} samples/s; {feed_text}). A faster GPU would "
+                    "not shorten the step here; a larger batch, or `storage-bench calibrate` on the real GPU, says "
+                    "more. Repacking does not help."}
         return {"bottleneck": "compute", "advice": f"compute-bound: the {what} sets the pace{shared} "
                 f"({proj.samples_per_s:,.0f} samples/s; {feed_text}). A faster device or more devices help; "
                 "repacking does not."}

@@ -130,3 +130,22 @@ def test_a_stalled_cell_is_never_called_compute_bound():
     """64% stall measured: the verdict follows the numbers (the reader binds), never "compute-bound"."""
     stalled = cell("blob", compute=1000, real=360, stall=0.64, profile="azure-blob")
     assert verdict(stalled)["bottleneck"] == "io-latency"
+
+
+def test_a_step_at_the_profiles_floor_does_not_advise_a_faster_gpu():
+    """A tiny model at batch 8 on an emulated H100: the estimate is the profile's per-step floor,
+    the same on every GPU, so the advice cannot be "a faster device helps"."""
+    from dataclasses import asdict
+
+    from trainfeed.benchmarks.model.profiles import ACCELERATORS
+
+    from tests.benchmarks.recorded import cell
+
+    h100 = asdict(ACCELERATORS["h100"])
+    rec = cell("parquet", "h100", compute=8 / h100["step_floor_s"], ingest=50_000.0, real=1900.0, batch_size=8,
+               flops_per_step=1e6, accelerator=h100)
+    v = verdict(rec)
+    assert v["bottleneck"] == "compute"
+    assert v["advice"].startswith(f"compute-bound at the h100 profile's per-step floor ({h100['step_floor_s'] * 1e3:,.0f} "
+                                  "ms a step, an estimate")
+    assert "A faster GPU would not shorten the step here" in v["advice"] and "A faster device" not in v["advice"]
