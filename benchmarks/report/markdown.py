@@ -498,7 +498,7 @@ def _method(advice, notes) -> list[str]:
              "(`storage-bench prices`); $/h is per instance-hour. Spot: " + Spot().source + "; trainfeed checkpoints "
              "on SIGTERM and resumes with --resume, so an interruption costs the restart, not the work.", ""]
     if notes:
-        lines += ["Catalog notes:", ""] + [f"- {n}" for n in notes] + [""]
+        lines += ["Catalog notes:", ""] + [f"- {n}" for n in _grouped_notes(notes)] + [""]
     return lines
 
 
@@ -516,6 +516,27 @@ def _location_doubt(loc: dict) -> str | None:
                 "which the emulation cannot do (it only adds time): noise of a measurement this short or a busy "
                 "machine; rerun with more --steps or samples")
     return None
+
+
+def _grouped_notes(notes: list[str]) -> list[str]:
+    """Catalog notes, one line per problem: "instances.csv, line 60 (gcp g2-standard-8): no
+    on-demand price; ..." for seven rows is one line naming the seven instances."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    plain = []
+    for n in notes:
+        m = re.match(r"^(\S+), line (\d+) \(([^()]+)\): (.+)$", n)
+        if m:
+            groups.setdefault(f"{m.group(1)}\t{m.group(4)}", []).append((m.group(2), m.group(3)))
+        else:
+            plain.append(n)
+    out = []
+    for key, rows in groups.items():
+        where, problem = key.split("\t")
+        if len(rows) == 1:
+            out.append(f"{where}, line {rows[0][0]} ({rows[0][1]}): {problem}")
+        else:
+            out.append(f"{problem}: {', '.join(r[1] for r in rows)} ({where}, lines {', '.join(r[0] for r in rows)})")
+    return out + plain
 
 
 def _effects(cells, locations, same_storage: bool) -> list[str]:

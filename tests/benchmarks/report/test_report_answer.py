@@ -198,3 +198,16 @@ def test_an_unknown_instance_is_refused_before_anything_runs(tmp_path):
     res = bench_cli("run", tmp_path, "--out", tmp_path / "out", "--my-instance", "g4dn.xlargeX")
     assert res.exit_code == 2 and "--my-instance g4dn.xlargeX: not in the catalog" in res.stderr
     assert "did you mean g4dn.xlarge" in res.stderr and not (tmp_path / "out").exists()
+
+
+def test_catalog_notes_are_one_line_per_problem():
+    from trainfeed.benchmarks.report.markdown import _grouped_notes
+
+    notes = ["instances.csv, line 21 (aws g4dn.4xlarge): no on-demand price; time projected, cost not",
+             "instances.csv, line 60 (gcp g2-standard-8): no on-demand price; time projected, cost not",
+             "instances.csv, line 7 (aws p3.2xlarge): spot price older than a year",
+             "dbu_rates.csv: no rate for gcp"]
+    assert _grouped_notes(notes) == [
+        "no on-demand price; time projected, cost not: aws g4dn.4xlarge, gcp g2-standard-8 (instances.csv, lines 21, 60)",
+        "instances.csv, line 7 (aws p3.2xlarge): spot price older than a year",
+        "dbu_rates.csv: no rate for gcp"]
