@@ -261,6 +261,7 @@ def _feeds_section(advice) -> list[str]:
              "framework's host work (measured on a real GPU; 0 for an emulated or estimated one, whose step sleeps). "
              "The model's `io-cpu`, `decode` and remedies use the same figures.", "",
              "| GPU | " + " | ".join(opts) + " |", "|---|" + "---|" * len(opts)]
+    rows: dict[tuple, list[str]] = {}  # GPUs with the same figures (at the per-step floor, say) share a row
     for row in advice["feeds"]:
         d = row["device"]
         first = next(iter(row["feeds"].values()))
@@ -269,7 +270,9 @@ def _feeds_section(advice) -> list[str]:
             f = row["feeds"][o]
             per_gb = f" at {f.io_cpu_s_per_gb:.2f} CPU-s/GB" if storage else ""
             cells.append(f"{fmt_num(f.gb_per_s)} GB/s{per_gb}: {f.describe()}")
-        lines.append(f"| {d.name} ({d.how}, {fmt_rate(first.samples_per_s)} samples/s) | " + " | ".join(cells) + " |")
+        rows.setdefault((d.how, fmt_rate(first.samples_per_s), *cells), []).append(d.name)
+    for (how, rate, *cells), names in rows.items():
+        lines.append(f"| {', '.join(names)} ({how}, {rate} samples/s) | " + " | ".join(cells) + " |")
     return lines + [""]
 
 
