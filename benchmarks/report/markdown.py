@@ -382,7 +382,7 @@ def _costs_section(advice, my_instance: str | None = None) -> list[str]:
     for why, r in picked:
         gpus = f"{r['gpus']} {r['device']}" if r["gpus"] else "-"
         vcpus = f"{r['vcpus']}" + (f" (needs {r['vcpus_needed']})" if (r.get("vcpus_needed") or 0) > r["vcpus"] else "")
-        limit, short = _limit(r, footnote=True)
+        limit, short = _limit(r)
         ram = ram or short
         lines.append(f"| {why} | {r['option']} | {r['cloud']} {r['machine']} | {vcpus} | {gpus} | "
                      f"{fmt_rate(r['samples_per_s'])} | {fmt_time(r['seconds'])} | {fmt_usd(r['usd_per_hour'])} | "
@@ -414,7 +414,7 @@ def catalog_markdown(advice) -> str:
             gpus = f"{r['gpus']} {r['device']}" if r["gpus"] else "-"
             vcpus = f"{r['vcpus']}" + (f" (needs {r['vcpus_needed']})" if (r.get("vcpus_needed") or 0) > r["vcpus"]
                                        else "")
-            limit, short = _limit(r, footnote=True)
+            limit, short = _limit(r)
             ram = ram or short
             lines.append(f"| {name} | {vcpus} | {gpus} | {fmt_rate(r['samples_per_s'])} | {fmt_time(r['seconds'])} | "
                          f"{fmt_usd(r['usd_per_hour'])} | {fmt_usd(r['usd_per_job'])} | "
@@ -461,14 +461,11 @@ def _when(row: dict) -> str:
     return f"{fmt_time(row['seconds'])}, {fmt_usd(row['usd_per_job'])} ({row['bottleneck']})"
 
 
-def _limit(row: dict, footnote: bool = False) -> tuple[str, bool] | str:
-    """The bottleneck, and a warning when one epoch does not fit in the page cache: the note
-    itself, or (``footnote``) a mark and whether the row has it."""
-    note = row.get("ram_note") or ""
-    short = "does not fit" in note
-    if footnote:
-        return row["bottleneck"] + (" [ram]" if short else ""), short
-    return row["bottleneck"] + (f"; {note}" if short else "")
+def _limit(row: dict) -> tuple[str, bool]:
+    """The bottleneck, marked [ram] when one epoch does not fit in the page cache (the footnote
+    says what that means), and whether it is so."""
+    short = "does not fit" in (row.get("ram_note") or "")
+    return row["bottleneck"] + (" [ram]" if short else ""), short
 
 
 def _method(advice, notes) -> list[str]:

@@ -214,3 +214,21 @@ def test_catalog_notes_are_one_line_per_problem():
         "no on-demand price; time projected, cost not: aws g4dn.4xlarge, gcp g2-standard-8 (instances.csv, lines 21, 60)",
         "instances.csv, line 7 (aws p3.2xlarge): spot price older than a year",
         "dbu_rates.csv: no rate for gcp"]
+
+
+def test_a_dataset_larger_than_ram_is_one_footnote(tmp_path):
+    """20 GB of samples on 16 GiB instances: each row is marked [ram], the note said once."""
+    write_results(tmp_path, ab_records(seconds=2.0, timed_samples=100))
+    catalog = tmp_path / "catalog.csv"
+    catalog.write_text("cloud,region,instance,vcpus,ram_gib,gpus,gpu_model,gpu_mem_gib,on_demand_usd_per_h,"
+                       "spot_usd_per_h,price_date,source\n"
+                       "aws,us-east-1,g-t4,4,16,1,NVIDIA T4,,1.0,,2026-01-01,test\n"
+                       "aws,us-east-1,c-4,4,16,0,,,0.2,,2026-01-01,test\n")
+    report.build(str(tmp_path), target_samples=5_000_000, target_epochs=1, catalog=catalog)  # x 4 KB = 20 GB
+    md = (tmp_path / "report.md").read_text()
+    costs = md.split("## What it costs")[1].split("\n## ")[0]
+    rows = [line for line in costs.splitlines() if line.startswith("| ") and not line.startswith("| why listed")]
+    assert rows and all(" [ram] | " in line for line in rows if not line.startswith("|---"))
+    assert md.count("does not fit in 80% of the instance's RAM") == 1
+    page = (tmp_path / "report.html").read_text()
+    assert page.count("does not fit in 80% of the instance's RAM") == 2  # the costs, and the folded catalog
