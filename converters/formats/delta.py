@@ -32,7 +32,7 @@ from trainfeed.converters.storage.location import Location, as_location
 from trainfeed.converters.formats.parquet import Part, file_pieces, ids_in, piece_file, row_group_samples, write_parts
 from trainfeed.converters.storage.upload import Uploader
 # A Delta table's files are Parquet: its codecs and its read side are Parquet's.
-from trainfeed.converters.formats.parquet import COMPRESSION_LEVELS, COMPRESSIONS, DEFAULT_COMPRESSION, UNIT, read_labels, read_piece  # noqa: F401
+from trainfeed.converters.formats.parquet import COMPRESSION_LEVELS, COMPRESSIONS, DEFAULT_COMPRESSION, UNIT, read_labels, read_piece, piece_span  # noqa: F401
 from trainfeed.converters.sources.decode import Sample
 
 FORMAT = name = "delta"

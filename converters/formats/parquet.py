@@ -329,6 +329,16 @@ def piece_file(piece: tuple[str, int]) -> str:
     return piece[0]
 
 
+def piece_span(listing: Pieces, piece: tuple[str, int]) -> tuple[str, int, int] | None:
+    """(object, start, end) a remote row group's read fetches (None locally): what a reader
+    asks the fetcher for ahead of decoding it."""
+    remote: RemoteParts | None = listing.extra.get("remote")
+    if remote is None:
+        return None
+    f, rg = piece
+    return (f, *row_group_span(remote.footers[f], rg, [ID, LABEL, listing.spec.name]))
+
+
 def read_piece(listing: Pieces, piece: tuple[str, int], handles: dict, empty=np.empty) -> Columns:
     """One row group; a binary tensor column becomes a zero-copy view of its data buffer (all
     values have the same length, so the buffer is the stacked tensors). ``handles``: open

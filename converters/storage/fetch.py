@@ -1,8 +1,8 @@
 """Reading stores on object storage: concurrent range requests, a seekable file over them, and
 the optional local disk cache.
 
-- ``Fetcher``: ``fetch(path, start, end)`` splits a large range into parts of ``part_size``
-  fetched concurrently; one fetcher per opened store holds the connection budget
+- ``Fetcher``: ``fetch(path, start, end)``: one request up to ``MAX_REQUEST``, a larger range
+  split into parts of ``part_size`` fetched concurrently; one fetcher per opened store holds the connection budget
   (``io_concurrency``: requests in flight for the whole reader, whatever the decode
   workers). Each part is requested from the version of the object the store's listing gave
   when it was opened (``If-Match`` on its ETag, native client): a reader never mixes
@@ -25,9 +25,11 @@ import bisect
 import gc
 import io
 import os
+import sys
 import threading
 import weakref
 from collections import OrderedDict, deque
+from contextlib import suppress
 from concurrent.futures import ThreadPoolExecutor
 
 from fsspec.exceptions import FSTimeoutError
@@ -41,9 +43,16 @@ from trainfeed.converters.storage.native import Identity, NativeFileSystem, Obje
 #: Bytes per range request when a span is split across connections: large enough to run near
 #: a stream's bandwidth past the first-byte latency (8 MB at 60 MB/s: ~87% with 20 ms).
 PART_SIZE = 8 << 20
+#: A span up to this size is one request. Parts arrive as separate buffers, and a decoder
+#: reading across them (pyarrow reads a row group's column chunk in one call) gets them joined
+#: into fresh memory: a copy of every byte. So a piece of a default row group (32 MB) is one
+#: request, and concurrency comes from pieces in flight (``training/reading/readers.py``).
+MAX_REQUEST = 32 << 20
 #: Reads outside a prefetched span (footers, HDF5 metadata) fetch this much at a time.
 BLOCK_SIZE = 256 << 10
 DEFAULT_IO_CONCURRENCY = 8
+#: Spans fetched ahead and not yet asked for, at most (older ones are dropped, and refetched if asked).
+AHEAD_SPANS = 64
 
 
 class Span:
@@ -79,8 +88,8 @@ class Span:
 
 
 class CacheWriter:
-    """Puts fetched ranges into a ``DiskCache`` on a thread of its own, so that a read never
-    waits for the cache. At most ``budget`` bytes wait to be written; a range that would go past
+    """Puts fetched ranges into a ``DiskCache`` on a thread of its own, at the lowest CPU
+    priority, so that a read never waits for the cache. At most ``budget`` bytes wait to be written; a range that would go past
     it is not cached this time (a later epoch fetches it again): a slow or busy disk costs cache
     hits, never read speed. The buffers are the fetched ones, held until written (no copy)."""
 
@@ -107,6 +116,7 @@ class CacheWriter:
         return True
 
     def _run(self) -> None:
+        _lowest_priority()
         while True:
             with self._cv:
                 while not self._queue:
@@ -123,6 +133,15 @@ class CacheWriter:
         """Wait until every offered range is written (or ``timeout``); whether it was."""
         with self._cv:
             return self._cv.wait_for(lambda: self._pending == 0, timeout)
+
+
+def _lowest_priority() -> None:
+    """This thread at the lowest CPU priority (Linux: a thread's id is a scheduling target): the
+    cache is written with the cores reading leaves idle; when there are none, the writer falls
+    behind and ranges go uncached this epoch instead of slowing it."""
+    if sys.platform.startswith("linux"):
+        with suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 #: Fetchers alive in this process (weakly): ``flush_cache_writes`` waits for their caches.
@@ -149,6 +168,7 @@ class Fetcher:
         self.io_concurrency = max(1, io_concurrency)
         self.cache = cache
         self.part_size = part_size
+        self.max_request = max(part_size, MAX_REQUEST)
         self.deadline = deadline
         self.identities: dict[str, Identity] = dict(identities or {})
         self._native = isinstance(fs, NativeFileSystem)
@@ -158,12 +178,15 @@ class Fetcher:
         """This process's threads: the request pool and the cache's writer."""
         self._pid = os.getpid()
         self._pool = ThreadPoolExecutor(self.io_concurrency, thread_name_prefix="trainfeed-io")
+        self._ahead: OrderedDict[tuple, Span | list] = OrderedDict()
+        self._ahead_lock = threading.Lock()
         budget = max(64 << 20, 2 * self.io_concurrency * self.part_size)
         self._writer = CacheWriter(self.cache, budget) if self.cache is not None else None
         _FETCHERS.add(self)
 
     def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_pid", "_pool", "_writer")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_pid", "_pool", "_writer", "_ahead",
+                                                                    "_ahead_lock")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -195,24 +218,49 @@ class Fetcher:
                                                 f"{memoryview(data).nbytes}"))
         return data
 
-    def fetch(self, path: str, start: int, end: int) -> Span:
-        """Bytes ``start:end`` of ``path``; spans over ``part_size`` are fetched as concurrent parts."""
-        key = None
+    def requests(self, nbytes: int) -> int:
+        """Range requests a span of ``nbytes`` is fetched with."""
+        return 1 if nbytes <= self.max_request else -(-nbytes // self.part_size)
+
+    def _request(self, path: str, start: int, end: int) -> Span | list:
+        """A cached span, or the futures of the requests that fetch it (started now)."""
         if self.cache is not None:
-            identity = self.identities.get(path)
-            key = f"{self.url(path)}|{identity.token if identity else ''}|{start}|{end}"
-            cached = self.cache.get(key, end - start)
+            cached = self.cache.get(self._cache_key(path, start, end), end - start)
             if cached is not None:
                 return Span(start, [cached])
         pool = self.pool
-        cuts = list(range(start, end, self.part_size)) + [end]
-        if len(cuts) <= 2:
-            parts = [pool.submit(self._get, path, start, end).result()]
-        else:
-            futures = [pool.submit(self._get, path, a, b) for a, b in zip(cuts, cuts[1:])]
-            parts = [f.result() for f in futures]
-        if key is not None:
-            self._writer.offer(key, parts)
+        cuts = [start, end] if self.requests(end - start) == 1 else list(range(start, end, self.part_size)) + [end]
+        return [pool.submit(self._get, path, a, b) for a, b in zip(cuts, cuts[1:])]
+
+    def _cache_key(self, path: str, start: int, end: int) -> str:
+        identity = self.identities.get(path)
+        return f"{self.url(path)}|{identity.token if identity else ''}|{start}|{end}"
+
+    def ahead(self, path: str, start: int, end: int) -> None:
+        """Start fetching ``start:end`` now, for a ``fetch`` of the same span soon (a reader asks
+        for the pieces it will decode next, so that ``io_concurrency`` requests stay in flight
+        across pieces while few threads decode). At most ``AHEAD_SPANS`` wait."""
+        with self._ahead_lock:
+            if (path, start, end) in self._ahead:
+                return
+        pending = self._request(path, start, end)
+        with self._ahead_lock:
+            self._ahead[(path, start, end)] = pending
+            while len(self._ahead) > AHEAD_SPANS:
+                self._ahead.popitem(last=False)
+
+    def fetch(self, path: str, start: int, end: int) -> Span:
+        """Bytes ``start:end`` of ``path``; spans over ``max_request`` are fetched as concurrent
+        parts of ``part_size``."""
+        with self._ahead_lock:
+            pending = self._ahead.pop((path, start, end), None)
+        if pending is None:
+            pending = self._request(path, start, end)
+        if isinstance(pending, Span):
+            return pending
+        parts = [f.result() for f in pending]
+        if self.cache is not None:
+            self._writer.offer(self._cache_key(path, start, end), parts)
         return Span(start, parts)
 
     def close(self) -> None:

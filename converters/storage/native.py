@@ -14,6 +14,7 @@ is the version a reader opened (HTTP 412 on ``If-Match``, or gone).
 """
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -21,14 +22,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-import obstore
 from fsspec.exceptions import FSTimeoutError
 from fsspec.spec import AbstractFileSystem
-from obstore.exceptions import BaseError, PermissionDeniedError, PreconditionError, UnauthenticatedError
-from obstore.store import AzureStore, GCSStore, S3Store
 
 from trainfeed.converters.errors import TrainfeedError
 from trainfeed.converters.redact import redact
+from trainfeed.converters.storage.client import errors, library
 from trainfeed.converters.storage.config import AZURE, GCS, S3, client_settings
 
 #: Bytes per block of a multipart (S3, GCS) or block-blob (Azure) upload, and blocks in flight.
@@ -37,6 +36,8 @@ UPLOAD_CONCURRENCY = 8
 
 
 _STATUS = re.compile(r"status code: (\d{3})")
+#: Clients a forked process inherited from its parent: never used, never freed (see client.py).
+_INHERITED: list = []
 
 
 class StorageError(TrainfeedError, OSError):
@@ -95,20 +96,26 @@ class NativeFileSystem(AbstractFileSystem):
             options.setdefault("account_name", account)
         self._settings = client_settings(scheme, options, deadline)
         self._stores: dict[str, object] = {}
+        self._pid = os.getpid()
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ the stores
 
     def store(self, bucket: str):
-        """The obstore store of one bucket (container), built once and shared by every thread."""
+        """The obstore store of one bucket (container), built once per process and shared by its
+        threads (a forked process builds its own: see ``client.py``)."""
+        if self._pid != os.getpid():  # forked: the parent's stores and lock are not ours to use
+            _INHERITED.append(self._stores)  # kept, never freed here
+            self._stores, self._lock, self._pid = {}, threading.Lock(), os.getpid()
         with self._lock:
             store = self._stores.get(bucket)
             if store is None:
                 config, client, retry = self._settings
-                cls = AzureStore if self.scheme in AZURE else S3Store if self.scheme in S3 else GCSStore
+                lib = library()
+                cls = lib.AzureStore if self.scheme in AZURE else lib.S3Store if self.scheme in S3 else lib.GCSStore
                 try:
                     store = cls(bucket, config=config, client_options=client, retry_config=retry)
-                except BaseError as exc:
+                except errors.BaseError as exc:
                     raise TrainfeedError(redact(f"{self.scheme}://{bucket}: cannot open this storage: "
                                                 f"{_first_line(exc)}")) from None
                 self._stores[bucket] = store
@@ -140,7 +147,7 @@ class NativeFileSystem(AbstractFileSystem):
         began = time.monotonic()
         try:
             return fn(*args, **kwargs)
-        except PreconditionError:
+        except errors.PreconditionError:
             raise ObjectChanged(changed_message(self.unstrip_protocol(path))) from None
         except FileNotFoundError as exc:
             from trainfeed.converters.storage.config import BucketNotFound, bucket_not_found
@@ -148,12 +155,12 @@ class NativeFileSystem(AbstractFileSystem):
             if re.search(r"NoSuchBucket|ContainerNotFound", str(exc)):
                 raise BucketNotFound(bucket_not_found(self.unstrip_protocol(path))) from None
             raise FileNotFoundError(f"{self.unstrip_protocol(path)}: not found") from None
-        except (PermissionDeniedError, UnauthenticatedError, PermissionError) as exc:
+        except (*errors.PermissionDeniedError, *errors.UnauthenticatedError, PermissionError) as exc:
             raise AccessDenied(f"{self.unstrip_protocol(path)}: access denied: the credentials were refused or "
                                f"have expired ({_first_line(exc)})") from None
         except FileExistsError:
             raise
-        except BaseError as exc:
+        except errors.BaseError as exc:
             text = _first_line(exc)
             status = _STATUS.search(text)
             if status is None and "invalid path" in text:  # an answer, naming an object the client cannot hold
@@ -192,14 +199,14 @@ class NativeFileSystem(AbstractFileSystem):
         if end <= start:
             return b""
         if identity is None or not (identity.etag or identity.version):
-            return self._run(path, obstore.get_range, store, key, start=start, end=end)
+            return self._run(path, library().get_range, store, key, start=start, end=end)
         options = {"range": (start, end)}
         if identity.etag:
             options["if_match"] = f'"{identity.etag}"'
         if identity.version:
             options["version"] = identity.version
         try:
-            return self._run(path, lambda: obstore.get(store, key, options=options).bytes())
+            return self._run(path, lambda: self._get_pinned(store, key, options, identity, path))
         except FileNotFoundError:
             raise ObjectChanged(changed_message(self.unstrip_protocol(path), "deleted")) from None
         except ObjectChanged:  # some stores answer a condition on a deleted object with 412
@@ -207,26 +214,39 @@ class NativeFileSystem(AbstractFileSystem):
                 raise
             raise ObjectChanged(changed_message(self.unstrip_protocol(path), "deleted")) from None
 
+    def _get_pinned(self, store, key: str, options: dict, identity: Identity, path: str):
+        """The range, after checking that the answer came from the pinned version: a server that
+        ignores ``If-Match`` (many S3-compatible ones, some proxies) still names the version it
+        served, and a different one is the same "store changed" as a 412."""
+        result = library().get(store, key, options=options)
+        meta = result.meta
+        etag = (meta.get("e_tag") or "").strip('"')
+        served = meta.get("version")
+        if (identity.etag and etag and etag != identity.etag) or (identity.version and served
+                                                                  and served != identity.version):
+            raise ObjectChanged(changed_message(self.unstrip_protocol(path)))
+        return result.bytes()
+
     def cat_file(self, path, start=None, end=None, **kwargs):
         store, key = self.split(path)
         if start is None and end is None:
-            return bytes(self._run(path, lambda: obstore.get(store, key).bytes()))
+            return bytes(self._run(path, lambda: library().get(store, key).bytes()))
         start = start or 0
         if end is None or start < 0 or end < 0:
             size = self.info(path)["size"]
             start = start + size if start < 0 else start
             end = size if end is None else end + size if end < 0 else end
-        return bytes(self._run(path, obstore.get_range, store, key, start=start, end=max(start, end)))
+        return bytes(self._run(path, library().get_range, store, key, start=start, end=max(start, end)))
 
     def info(self, path, **kwargs):
         path = self._strip_protocol(path)
         store, key = self.split(path)
         if key:
             try:
-                return self._entry(path.split("/", 1)[0], self._run(path, obstore.head, store, key))
+                return self._entry(path.split("/", 1)[0], self._run(path, library().head, store, key))
             except FileNotFoundError:
                 pass  # no object: maybe a prefix (a folder)
-        listed = self._run(path, obstore.list_with_delimiter, store, key or None)
+        listed = self._run(path, library().list_with_delimiter, store, key or None)
         if key and not (listed["objects"] or listed["common_prefixes"]):
             raise FileNotFoundError(self.unstrip_protocol(path))
         return {"name": path, "size": 0, "type": "directory"}
@@ -244,7 +264,7 @@ class NativeFileSystem(AbstractFileSystem):
         path = self._strip_protocol(path)
         bucket = path.split("/", 1)[0]
         store, key = self.split(path)
-        listed = self._run(path, obstore.list_with_delimiter, store, key or None)
+        listed = self._run(path, library().list_with_delimiter, store, key or None)
         entries = [self._entry(bucket, meta) for meta in listed["objects"]]
         entries += [{"name": f"{bucket}/{p}", "size": 0, "type": "directory"} for p in listed["common_prefixes"]]
         if not entries:
@@ -260,7 +280,7 @@ class NativeFileSystem(AbstractFileSystem):
         bucket = path.split("/", 1)[0]
         store, key = self.split(path)
         out = {}
-        for chunk in self._run(path, lambda: list(obstore.list(store, f"{key}/" if key else None))):
+        for chunk in self._run(path, lambda: list(library().list(store, f"{key}/" if key else None))):
             for meta in chunk:
                 entry = self._entry(bucket, meta)
                 depth = entry["name"][len(path):].strip("/").count("/") + 1
@@ -288,18 +308,18 @@ class NativeFileSystem(AbstractFileSystem):
 
     def pipe_file(self, path, value, **kwargs):
         store, key = self.split(path)
-        self._run(path, obstore.put, store, key, bytes(value))
+        self._run(path, library().put, store, key, bytes(value))
 
     def put_file(self, lpath, rpath, **kwargs):
         """Upload a local file: in blocks of ``UPLOAD_CHUNK``, ``UPLOAD_CONCURRENCY`` in flight,
         committed as one object at the end (a failed upload leaves no object)."""
         store, key = self.split(rpath)
-        self._run(rpath, obstore.put, store, key, Path(lpath), chunk_size=UPLOAD_CHUNK,
+        self._run(rpath, library().put, store, key, Path(lpath), chunk_size=UPLOAD_CHUNK,
                   max_concurrency=UPLOAD_CONCURRENCY)
 
     def rm_file(self, path):
         store, key = self.split(path)
-        self._run(path, obstore.delete, store, key)
+        self._run(path, library().delete, store, key)
 
     def _rm(self, path):
         self.rm_file(path)

@@ -152,12 +152,16 @@ def gather(windows: list[tuple[_Window, int, int]], n: int, empty=np.empty) -> t
 
 
 def run_epoch(plan: EpochPlan, piece_rows: Sequence[int], read: Callable[[int, dict, Callable], Columns],
-              describe: Callable[[int], str], *, workers: int, start_batch: int = 0
-              ) -> Iterator[tuple[np.ndarray, np.ndarray, list[str]]]:
+              describe: Callable[[int], str], *, workers: int, start_batch: int = 0,
+              batch_empty: Callable | None = None, upcoming: Callable[[int], None] | None = None,
+              ahead: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray, list[str]]]:
     """Batches ``start_batch``.. of ``plan`` as (x, y, ids). ``read(piece_index, handles, empty)``
     reads one piece (``handles``: a dict the reading thread keeps its open files in; ``empty``:
     where to allocate arrays it fills itself); ``describe(piece_index)`` names its file in errors.
-    Reads start at the window holding batch ``start_batch``'s first row."""
+    Reads start at the window holding batch ``start_batch``'s first row. ``batch_empty``: where
+    batches are gathered (default: recycled memory), e.g. shared memory a DataLoader worker
+    hands to its parent without another copy. ``upcoming(piece_index)`` is told of each piece
+    ``ahead`` pieces before it is read (a remote reader starts fetching it)."""
     if start_batch < 0:
         raise UsageError(f"start_batch must be 0 or more, not {start_batch}")
     if start_batch >= plan.batches:
@@ -165,8 +169,20 @@ def run_epoch(plan: EpochPlan, piece_rows: Sequence[int], read: Callable[[int, d
     local = threading.local()
     recycler = RECYCLER
 
-    def read_checked(i: int) -> Columns:
-        cols = read(int(i), local.__dict__.setdefault("handles", {}), recycler.empty)
+    told = [0]  # how many pieces of ``todo`` ``upcoming`` was told of
+    told_lock = threading.Lock()
+
+    def tell(upto: int) -> None:
+        with told_lock:
+            first, told[0] = told[0], max(told[0], min(len(todo), upto))
+        for pos in range(first, told[0]):
+            upcoming(int(todo[pos]))
+
+    def read_checked(pos: int) -> Columns:
+        i = int(todo[pos])
+        if upcoming is not None:
+            tell(pos + 1 + ahead)
+        cols = read(i, local.__dict__.setdefault("handles", {}), recycler.empty)
         listed = piece_rows[i]
         if not len(cols.ids) == len(cols.labels) == len(cols.x) == listed:
             raise TrainfeedError(f"{describe(int(i))}: read {len(cols.ids)} ids, {len(cols.labels)} labels and "
@@ -177,7 +193,7 @@ def run_epoch(plan: EpochPlan, piece_rows: Sequence[int], read: Callable[[int, d
     first_window = plan.window_of_row(start_batch * plan.batch_size)
     last_window = plan.window_of_row(min(plan.rows, plan.batches * plan.batch_size) - 1)  # drop_last: tail unread
     todo = plan.order[plan.window_start(first_window):plan.window_ends[last_window]]
-    results = iter(ordered_map(read_checked, list(todo), max(1, workers), window_per_worker=2))
+    results = iter(ordered_map(read_checked, range(len(todo)), max(1, workers), window_per_worker=2))
     loaded: dict[int, _Window] = {}
 
     def load(w: int) -> _Window:
@@ -202,4 +218,4 @@ def run_epoch(plan: EpochPlan, piece_rows: Sequence[int], read: Callable[[int, d
             parts.append((loaded[w], max(lo, base) - base, min(hi, int(plan.window_rows[w + 1])) - base))
         for w in [w for w in loaded if plan.window_rows[w + 1] <= hi]:
             del loaded[w]  # fully delivered once this batch is built (``parts`` holds it until then)
-        yield gather(parts, hi - lo, recycler.empty)
+        yield gather(parts, hi - lo, batch_empty or recycler.empty)

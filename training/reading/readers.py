@@ -167,10 +167,12 @@ def uses_petastorm(store: Store, opts: ReaderOptions) -> bool:
     return opts.pool in petastorm_reader.POOLS and store.fmt in ("parquet", "delta")
 
 
-def iter_batches(store: Store, opts: ReaderOptions, epoch: int = 0, start_batch: int = 0) -> Iterator[Batch]:
+def iter_batches(store: Store, opts: ReaderOptions, epoch: int = 0, start_batch: int = 0,
+                 batch_empty=None) -> Iterator[Batch]:
     """One epoch of batches for this shard: every sample of the shard exactly once, in an
     order fixed by (seed, epoch). ``start_batch``: batches start_batch.. of that epoch; the
-    engine reads none of the pieces whose rows all fall in earlier batches."""
+    engine reads none of the pieces whose rows all fall in earlier batches. ``batch_empty``:
+    where the engine allocates each batch's samples (``engine.run_epoch``)."""
     if uses_petastorm(store, opts):
         for k, (x, y, ids) in enumerate(petastorm_reader.batches(store, opts, epoch)):
             if k >= start_batch:
@@ -185,24 +187,39 @@ def iter_batches(store: Store, opts: ReaderOptions, epoch: int = 0, start_batch:
         augment = images.Augment(opts.seed, epoch) if opts.augment else None
         return images.decode_piece(cols, store.images, module.piece_file(store.pieces[i]), augment, empty)
 
+    span = getattr(module, "piece_span", None) if not store.local and store.foreign is None else None
+    fetcher = listing.extra["remote"].fetcher if span is not None else None
+
+    def upcoming(i: int) -> None:
+        fetcher.ahead(*span(listing, store.pieces[i]))
+
     for x, y, ids in engine.run_epoch(
             epoch_plan(store, opts, epoch), store.piece_rows, read,
-            lambda i: module.piece_file(store.pieces[i]), workers=reading_threads(store, opts),
-            start_batch=start_batch):
+            lambda i: module.piece_file(store.pieces[i]), workers=reading_threads(store, opts, fetch_ahead=bool(span)),
+            start_batch=start_batch, batch_empty=batch_empty, upcoming=upcoming if span else None,
+            ahead=pieces_ahead(store, opts)):
         yield Batch(x, y, ids)
     if not store.local:
         fetch.flush_cache_writes()  # this process (a DataLoader worker) may exit now
 
 
-def reading_threads(store: Store, opts: ReaderOptions) -> int:
-    """Pieces read at once. Locally: ``workers``. On object storage, enough pieces in flight to
-    keep ``io_concurrency`` range requests busy: one request per small file; a large piece
-    (a row group) is fetched as several concurrent parts of its own."""
-    if store.local:
-        return opts.workers
+def pieces_ahead(store: Store, opts: ReaderOptions) -> int:
+    """Pieces whose bytes are requested before they are decoded, so that ``io_concurrency``
+    range requests stay in flight across pieces: one request per small file or row group up
+    to ``fetch.MAX_REQUEST``; a larger piece is fetched as concurrent parts."""
     piece_bytes = store.spec.sample_nbytes * store.samples / max(1, len(store.pieces)) if store.spec.sample_nbytes else 0
-    parts = max(1, math.ceil(piece_bytes / fetch.PART_SIZE))
-    return max(opts.workers, math.ceil(opts.io_concurrency / parts))
+    requests = 1 if piece_bytes <= fetch.MAX_REQUEST else math.ceil(piece_bytes / fetch.PART_SIZE)
+    return math.ceil(opts.io_concurrency / requests)
+
+
+def reading_threads(store: Store, opts: ReaderOptions, fetch_ahead: bool = False) -> int:
+    """Pieces decoded at once: ``workers``. On object storage a format without ahead fetching
+    (HDF5, small files) reads ``pieces_ahead`` pieces at once instead, each thread waiting for
+    its own requests; Parquet and Delta keep decoding to ``workers`` threads (fewer threads,
+    less CPU per GB) while the fetcher keeps the requests in flight."""
+    if store.local or fetch_ahead:
+        return opts.workers
+    return max(opts.workers, pieces_ahead(store, opts))
 
 
 # ------------------------------------------------------------------ what a store holds
