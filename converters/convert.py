@@ -246,7 +246,6 @@ def _publish_remote(dst: Location, cfg: ConvertConfig, schema: DatasetSchema, ba
             publish.remove(dst, sorted(ours))
             raise
         publish.remove_stale(dst, keep=ours)
-        publish.remove_trials(dst)
         return result, verified
     with tempfile.TemporaryDirectory(prefix="trainfeed-stage-") as tmp:
         staged = Path(tmp) / dst.name  # keeps a single-file HDF5 store's suffix
@@ -339,6 +338,7 @@ def _convert(cfg: ConvertConfig, dst: Location, t0: float, progress: ProgressFn 
     else:
         result, verified = _publish_staged(dst, cfg, schema, batches, check, interrupts)
     rejects_report = write_rejects_report(dst, stream.rejects)
+    publish.remove_leftovers(dst)  # what earlier runs left that no reader sees (trials, uncommitted blocks)
     interrupts.after_publishing(dst.shown)  # published: a signal received since ends the run here
     details = dict(result.details)
     if cfg.optimize:

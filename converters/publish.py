@@ -29,6 +29,7 @@ from typing import Callable
 
 from trainfeed.converters.errors import TrainfeedError
 from trainfeed.converters.layout import MANIFEST
+from trainfeed.converters.storage.config import AZURE, object_store_options
 from trainfeed.converters.storage.location import Location
 from trainfeed.converters.formats.registry import RUN_PART, identify
 from trainfeed.converters.storage.upload import Uploader
@@ -103,7 +104,6 @@ def _publish_folder(staged: Path, dst: Location, overwrite: bool, verify: Check 
         remove(dst, new)
         raise
     remove_stale(dst, keep=set(new) | {MANIFEST})
-    remove_trials(dst)
     return [dst.url_of(n) for n in new], verified
 
 
@@ -122,7 +122,6 @@ def _publish_file(staged: Path, dst: Location, overwrite: bool, verify: Check | 
     _recheck(dst, overwrite)
     with publishing():
         dst.fs.put_file(str(staged), dst.path)
-    remove_trials(dst)
     return [dst.url], verified
 
 
@@ -151,10 +150,12 @@ def remove_stale(dst: Location, keep: set[str]) -> None:
 TRIAL = ".trainfeed-tmp-"
 
 
-def remove_trials(dst: Location) -> None:
-    """Delete the ``--verify`` trial copies that earlier runs to ``dst`` left beside it (a run
-    killed while it checked one). Only names of that exact form, ``DST.trainfeed-tmp-`` and a
-    run tag, are touched; best effort: one listing of DST's parent folder."""
+def remove_leftovers(dst: Location) -> None:
+    """Once a store is published at ``dst`` (on object storage): delete what trainfeed's
+    earlier runs there left and no reader can see, recognised by trainfeed's own names only:
+    ``--verify`` trial copies beside DST (``DST.trainfeed-tmp-<run>``, a run killed while it
+    checked one) and, on Azure, blobs with uncommitted blocks only (a run killed in the middle
+    of a block upload) named like its run-tagged parts or trials. Best effort."""
     if dst.local:
         return
     trial = re.compile(re.escape(dst.name + TRIAL) + r"[0-9a-f]{8}")
@@ -163,6 +164,44 @@ def remove_trials(dst: Location) -> None:
         found = [p for p in dst.fs.ls(parent, detail=False) if trial.fullmatch(p.rstrip("/").rsplit("/", 1)[-1])]
         if found:
             dst.fs.rm(found)
+    with suppress(Exception):
+        _remove_uncommitted_blobs(dst, trial)
+
+
+def _remove_uncommitted_blobs(dst: Location, trial: re.Pattern) -> None:
+    """Azure keeps a killed block upload's blocks, uncommitted, under the blob's name (listed
+    only with ``include=uncommittedblobs``, collected after 7 days). The native client cannot
+    list them; Azure's SDK, a dependency already, can, with the account key or SAS token given
+    (other credentials: left to Azure's collection). A blob being uploaded right now by
+    another run to this destination loses its blocks, and that run fails, publishing nothing."""
+    if getattr(dst.fs, "scheme", None) not in AZURE or "/" not in dst.path:
+        return
+    from azure.core.exceptions import ResourceNotFoundError
+    from azure.storage.blob import ContainerClient
+
+    opts = object_store_options("abfs", dst.storage_options)
+    account = opts.get("account_name") or opts.get("azure_storage_account_name")
+    key = opts.get("account_key") or opts.get("azure_storage_account_key")
+    sas = opts.get("sas_token") or opts.get("azure_storage_sas_token")
+    endpoint = opts.get("endpoint") or opts.get("azure_storage_endpoint") or \
+        (f"https://{account}.blob.core.windows.net" if account else None)
+    if not endpoint or not (key or sas):
+        return
+    container, prefix = dst.path.split("/", 1)
+    client = ContainerClient(endpoint, container, credential={"account_name": account, "account_key": key} if key
+                             else sas)
+    committed = set(dst.fs.find(dst.path)) | set(dst.fs.ls(dst.path.rsplit("/", 1)[0], detail=False))
+    for blob in client.list_blobs(name_starts_with=prefix, include=["uncommittedblobs"]):
+        rest = blob.name[len(prefix):]
+        ours = (rest.startswith("/") and RUN_PART.fullmatch(rest[1:])) or trial.fullmatch(blob.name.rsplit("/", 1)[-1])
+        if not ours or f"{container}/{blob.name}" in committed:
+            continue
+        blob_client = client.get_blob_client(blob.name)
+        try:
+            blob_client.delete_blob()
+        except ResourceNotFoundError:  # only uncommitted blocks: commit none (an empty blob), then delete it
+            blob_client.commit_block_list([])
+            blob_client.delete_blob()
 
 
 #: The data files trainfeed writes into folder stores: with or without a run tag, and Delta's.

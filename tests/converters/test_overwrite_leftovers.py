@@ -91,3 +91,63 @@ def test_overwrite_removes_a_killed_verify_trial_and_nothing_else(storage, tmp_p
     assert done.returncode == 0, done.stderr
     assert keys(root, options) == sorted(["store.h5", *foreign])
     assert all(fs.cat_file(f"{bucket}/{name}") == b"not trainfeed's" for name in foreign)
+
+
+def uncommitted(server, container: str) -> list[str]:
+    """Blobs that have uncommitted blocks only (listed by Azure's SDK; no object store client sees them)."""
+    from azure.storage.blob import BlobServiceClient
+
+    client = BlobServiceClient.from_connection_string(server.connection_string).get_container_client(container)
+    committed = {b.name for b in client.list_blobs()}
+    return sorted(b.name for b in client.list_blobs(include=["uncommittedblobs"]) if b.name not in committed)
+
+
+@pytest.mark.azurite
+def test_overwrite_removes_a_killed_block_upload(azurite_server, tmp_path):
+    """A part above the 16 MB block size is uploaded in blocks; killed before its block list
+    is committed, the blocks stay under the part's name (Azure collects them after 7 days).
+    The next clean --overwrite removes them; only the store's own blobs remain."""
+    from tests.conftest import write_volumes
+
+    container = f"left-{uuid.uuid4().hex[:12]}"
+    azurite_server.create_container(container)
+    options = dict(azurite_server.storage_options)
+    src = tmp_path / "big"
+    write_volumes(src, 24, shape=(64, 64, 64), labels_csv=False)  # 1 MB each
+    url = f"abfs://{container}/store.parquet"
+    gate = HoldGate(azurite_server.port, rb"^PUT \S*/part-\d{5}-[0-9a-f]{8}\.parquet\?\S*comp=blocklist")
+    proc = subprocess.Popen([sys.executable, "-m", "trainfeed.converters", str(src), url, "--to", "parquet",
+                             "--target-file-size", "20MB", "--workers", "1",
+                             *options_cli(options, azurite_server.port, gate.port), "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        while not gate.held.wait(0.2):
+            if proc.poll() is not None:
+                pytest.fail(f"convert ended (exit {proc.returncode}) before committing a block list: "
+                            f"{proc.stderr.read().decode()[-2000:]}")
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        gate.close()
+    left = uncommitted(azurite_server, container)
+    assert len(left) == 1 and left[0].startswith("store.parquet/part-00000-"), left
+
+    done = subprocess.run([sys.executable, "-m", "trainfeed.converters", str(src), url, "--to", "parquet",
+                           "--overwrite", *options_cli(options), "--no-progress"], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    assert uncommitted(azurite_server, container) == []
+    import json
+
+    manifest = json.loads(locate_fs(options).cat_file(f"{container}/store.parquet/_trainfeed.json"))
+    assert keys(f"abfs://{container}", options) == sorted(
+        ["store.parquet/_trainfeed.json", *(f"store.parquet/{p['file']}" for p in manifest["parts"])])
+
+
+def locate_fs(options: dict):
+    from trainfeed.converters.storage.location import locate
+
+    return locate("abfs://x", options).fs
