@@ -322,3 +322,13 @@ def test_a_source_labels_csv_missing_a_file_names_the_file(tmp_path, convert_cli
     res = convert_cli(src, tmp_path / "o.h5", "--to", "hdf5")
     assert res.exit_code == 1 and "extra" in res.stderr and "labels.csv" in res.stderr, res.stderr
     assert leftovers(tmp_path, "o.h5") == []
+
+
+def test_verify_after_resize_says_what_was_compared(tmp_path, convert_cli):
+    """--verify compares the stored pixels with the same decode and resize of each source file, not
+    with the file itself: the summary says so."""
+    write_images(tmp_path / "imgs", 4, size=(24, 32))
+    res = convert_cli(tmp_path / "imgs", tmp_path / "o.h5", "--to", "hdf5", "--resize", "16x16", "--verify")
+    assert res.exit_code == 0, res.stderr
+    assert ("  verified  4 samples identical to their source files after the same decode and resize"
+            in res.stdout.splitlines())
