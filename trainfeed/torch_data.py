@@ -6,7 +6,6 @@ import itertools
 import os
 from typing import Any, Iterator
 
-import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -14,12 +13,6 @@ from trainfeed.converters.errors import TrainfeedError
 
 from trainfeed.store import Pool, Store, open_store
 from trainfeed.training.reading import readers
-
-
-def _shared_empty(shape: tuple, dtype) -> np.ndarray:
-    """An array over a new tensor in shared memory (its ``base``), for the engine to gather into."""
-    kind = torch.from_numpy(np.empty(0, dtype)).dtype
-    return torch.empty(shape, dtype=kind).share_memory_().numpy()
 
 
 def _rank_world() -> tuple[int, int]:
@@ -105,13 +98,8 @@ class TorchDataset(IterableDataset):
             batch_size=self.batch_size, shuffle=self.shuffle, seed=self.seed, drop_last=self.drop_last,
             workers=self.workers, pool=self.pool, shuffle_buffer=self.shuffle_buffer,
             shard=rank * workers + logical, num_shards=world * workers, augment=self.augment)
-        # in a worker process, batches are gathered straight into shared memory: the DataLoader
-        # hands them to the training process without copying them there first
-        batches = readers.iter_batches(self.store.reader, opts, epoch, start_batch=starts[logical],
-                                       batch_empty=_shared_empty if info else None)
-        for batch in batches:
-            x = batch.x.base if isinstance(batch.x.base, torch.Tensor) else torch.from_numpy(batch.x)
-            yield x, torch.from_numpy(batch.y)
+        for batch in readers.iter_batches(self.store.reader, opts, epoch, start_batch=starts[logical]):
+            yield torch.from_numpy(batch.x), torch.from_numpy(batch.y)
 
     def state_dict(self, batches: int) -> dict[str, Any]:
         """Where to resume after ``batches`` batches of this epoch's iterator."""

@@ -15,6 +15,10 @@ One dataset of volumes is converted to Parquet, Delta and HDF5 on local disk, th
   under each start method (fork, forkserver, spawn), W = 2 and 4, without and with a fresh
   ``cache_dir``; CPU counts this process and the worker processes (their startup included).
 
+- **peer** (s3rver, when ``s3torchconnector`` is installed: ``pip install s3torchconnector``):
+  AWS's connector for PyTorch over the same volumes as one object each (how an S3 user would
+  keep them for it), its map-style and iterable datasets through the same DataLoader workers.
+
 Each server is measured as it answers (0 ms) and behind a relay that adds ``--latency-ms`` to
 every request (what a cloud region adds), the floor remeasured behind the same relay.
 
@@ -112,6 +116,46 @@ def loader_epoch(url: str, options: dict, method: str, workers: int, **kwargs) -
     return samples, sum(cpu.values())
 
 
+def _volume(reader) -> "object":
+    """An s3torchconnector item (a readable object) as the tensor it holds."""
+    import io
+
+    import numpy as np
+    import torch
+
+    return torch.from_numpy(np.load(io.BytesIO(reader.read())))
+
+
+def peer_epoch(kind: str, prefix_url: str, options: dict, method: str, workers: int) -> tuple[int, int, float]:
+    """One epoch of AWS's s3torchconnector (``kind``: map or iterable) over the objects under
+    ``prefix_url`` through a DataLoader: (samples, bytes, CPU-seconds of the worker processes)."""
+    import psutil
+    import s3torchconnector as s3t
+    from torch.utils.data import DataLoader
+
+    os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"] = options["key"], options["secret"]
+    config = s3t.S3ClientConfig(force_path_style=True)
+    common = dict(region=options["region_name"], endpoint=options["endpoint_url"], transform=_volume,
+                  s3client_config=config)
+    dataset = (s3t.S3MapDataset.from_prefix(prefix_url, **common) if kind == "map" else
+               s3t.S3IterableDataset.from_prefix(prefix_url, enable_sharding=True, **common))
+    loader = DataLoader(dataset, batch_size=32, num_workers=workers, multiprocessing_context=method, timeout=600,
+                        shuffle=kind == "map")
+    batches = iter(loader)
+    procs: dict[int, psutil.Process] = {}
+    cpu: dict[int, float] = {}
+    samples = nbytes = 0
+    for x in batches:
+        samples, nbytes = samples + len(x), nbytes + x.numel() * x.element_size()
+        for worker in getattr(batches, "_workers", []):
+            try:
+                times = procs.setdefault(worker.pid, psutil.Process(worker.pid)).cpu_times()
+                cpu[worker.pid] = times.user + times.system
+            except psutil.Error:
+                pass
+    return samples, nbytes, sum(cpu.values())
+
+
 def relayed(options: dict, server_port: int, relay_port: int) -> dict:
     """The storage options with the server's port replaced by the relay's."""
     return {k: v.replace(f":{server_port}", f":{relay_port}") if isinstance(v, str) else v
@@ -159,6 +203,10 @@ def run(args) -> list[dict]:
                     trainfeed.convert(str(src), urls[fmt], format=fmt, labels=str(src / "labels.csv"),
                                       storage_options=options)
                 emit(m.record(nbytes, kind="convert", server=name, format=fmt))
+            if scheme == "s3":  # the volumes as one object each, for the peer
+                with ThreadPoolExecutor(8) as pool:
+                    list(pool.map(lambda f: fs.put_file(str(f), f"{BUCKET}/objects/{f.name}"),
+                                  sorted(src.glob("*.npy"))))
             for latency in args.latency_ms:
                 if latency:
                     relay = stack.enter_context(LatencyRelay(port, latency / 1000))
@@ -211,6 +259,25 @@ def measure(args, name: str, scheme: str, options: dict, urls: dict, local: dict
                         emit(m.record(nbytes, kind="dataloader", **server, format=fmt, method=method,
                                       workers=workers, cache=cached, concurrency=8, round=rnd))
                         shutil.rmtree(cache, ignore_errors=True)
+        if scheme != "s3" or not _has_peer():
+            continue  # the peer reads S3 only
+        for method in args.methods:
+            for kind in ("map", "iterable"):
+                with Meter() as m:
+                    got, peer_bytes, worker_cpu = peer_epoch(kind, f"s3://{BUCKET}/objects/", options, method,
+                                                             args.loader_workers[0])
+                assert got == args.count
+                m.cpu += worker_cpu
+                emit(m.record(peer_bytes, kind=f"s3torch_{kind}", **server, format="objects", method=method,
+                              workers=args.loader_workers[0], round=rnd))
+
+
+def _has_peer() -> bool:
+    try:
+        import s3torchconnector  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def summary(records: list[dict]) -> str:
@@ -255,6 +322,20 @@ def summary(records: list[dict]) -> str:
                 med("dataloader", "cpu_s_per_gb", **dl, cache=True)
             lines.append(f"{server:8} {lat:3} {fmt:7} {method:10} {w} | {n_mb:9.0f} {n_mb / f_mb:8.2f} {c_mb:15.0f} "
                          f"{c_mb / n_mb:11.2f} | {n_cpu:11.2f} {n_cpu / f_cpu:8.2f} {c_cpu:12.2f}")
+    peers = sorted({(r["server"], r["latency_ms"], r["method"], r["workers"]) for r in records
+                    if r["kind"].startswith("s3torch_")})
+    if peers:
+        lines += ["", "AWS s3torchconnector (one object a volume) next to trainfeed's DataLoader (Parquet), same "
+                  "workers", "server   +ms method     W | map MB/s  iterable MB/s  trainfeed MB/s | CPU/GB map  "
+                  "iterable  trainfeed", "-" * 112]
+        for server, lat, method, w in peers:
+            at = dict(server=server, latency_ms=lat, method=method, workers=w)
+            ours = dict(at, format="parquet", cache=False)
+            lines.append(f"{server:8} {lat:3} {method:10} {w} | {med('s3torch_map', 'mb_per_s', **at):8.0f} "
+                         f"{med('s3torch_iterable', 'mb_per_s', **at):14.0f} {med('dataloader', 'mb_per_s', **ours):15.0f}"
+                         f" | {med('s3torch_map', 'cpu_s_per_gb', **at):10.2f} "
+                         f"{med('s3torch_iterable', 'cpu_s_per_gb', **at):9.2f} "
+                         f"{med('dataloader', 'cpu_s_per_gb', **ours):10.2f}")
     return "\n".join(lines)
 
 

@@ -195,9 +195,14 @@ class Fetcher:
     @property
     def pool(self) -> ThreadPoolExecutor:
         """The request threads of this process (a forked child inherits none: it starts its own)."""
+        self._own()
+        return self._pool
+
+    def _own(self) -> None:
+        """Threads and pending requests of this process: a forked child starts its own and never
+        waits on its parent's requests in flight."""
         if self._pid != os.getpid():
             self._start()
-        return self._pool
 
     def url(self, path: str) -> str:
         return self.fs.unstrip_protocol(path)
@@ -240,6 +245,7 @@ class Fetcher:
         """Start fetching ``start:end`` now, for a ``fetch`` of the same span soon (a reader asks
         for the pieces it will decode next, so that ``io_concurrency`` requests stay in flight
         across pieces while few threads decode). At most ``AHEAD_SPANS`` wait."""
+        self._own()
         with self._ahead_lock:
             if (path, start, end) in self._ahead:
                 return
@@ -252,6 +258,7 @@ class Fetcher:
     def fetch(self, path: str, start: int, end: int) -> Span:
         """Bytes ``start:end`` of ``path``; spans over ``max_request`` are fetched as concurrent
         parts of ``part_size``."""
+        self._own()
         with self._ahead_lock:
             pending = self._ahead.pop((path, start, end), None)
         if pending is None:

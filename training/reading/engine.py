@@ -153,15 +153,13 @@ def gather(windows: list[tuple[_Window, int, int]], n: int, empty=np.empty) -> t
 
 def run_epoch(plan: EpochPlan, piece_rows: Sequence[int], read: Callable[[int, dict, Callable], Columns],
               describe: Callable[[int], str], *, workers: int, start_batch: int = 0,
-              batch_empty: Callable | None = None, upcoming: Callable[[int], None] | None = None,
-              ahead: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray, list[str]]]:
+              upcoming: Callable[[int], None] | None = None, ahead: int = 0
+              ) -> Iterator[tuple[np.ndarray, np.ndarray, list[str]]]:
     """Batches ``start_batch``.. of ``plan`` as (x, y, ids). ``read(piece_index, handles, empty)``
     reads one piece (``handles``: a dict the reading thread keeps its open files in; ``empty``:
     where to allocate arrays it fills itself); ``describe(piece_index)`` names its file in errors.
-    Reads start at the window holding batch ``start_batch``'s first row. ``batch_empty``: where
-    batches are gathered (default: recycled memory), e.g. shared memory a DataLoader worker
-    hands to its parent without another copy. ``upcoming(piece_index)`` is told of each piece
-    ``ahead`` pieces before it is read (a remote reader starts fetching it)."""
+    Reads start at the window holding batch ``start_batch``'s first row. ``upcoming(piece_index)``
+    is told of each piece ``ahead`` pieces before it is read (a remote reader starts fetching it)."""
     if start_batch < 0:
         raise UsageError(f"start_batch must be 0 or more, not {start_batch}")
     if start_batch >= plan.batches:
@@ -218,4 +216,4 @@ def run_epoch(plan: EpochPlan, piece_rows: Sequence[int], read: Callable[[int, d
             parts.append((loaded[w], max(lo, base) - base, min(hi, int(plan.window_rows[w + 1])) - base))
         for w in [w for w in loaded if plan.window_rows[w + 1] <= hi]:
             del loaded[w]  # fully delivered once this batch is built (``parts`` holds it until then)
-        yield gather(parts, hi - lo, batch_empty or recycler.empty)
+        yield gather(parts, hi - lo, recycler.empty)

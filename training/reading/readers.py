@@ -167,12 +167,10 @@ def uses_petastorm(store: Store, opts: ReaderOptions) -> bool:
     return opts.pool in petastorm_reader.POOLS and store.fmt in ("parquet", "delta")
 
 
-def iter_batches(store: Store, opts: ReaderOptions, epoch: int = 0, start_batch: int = 0,
-                 batch_empty=None) -> Iterator[Batch]:
+def iter_batches(store: Store, opts: ReaderOptions, epoch: int = 0, start_batch: int = 0) -> Iterator[Batch]:
     """One epoch of batches for this shard: every sample of the shard exactly once, in an
     order fixed by (seed, epoch). ``start_batch``: batches start_batch.. of that epoch; the
-    engine reads none of the pieces whose rows all fall in earlier batches. ``batch_empty``:
-    where the engine allocates each batch's samples (``engine.run_epoch``)."""
+    engine reads none of the pieces whose rows all fall in earlier batches."""
     if uses_petastorm(store, opts):
         for k, (x, y, ids) in enumerate(petastorm_reader.batches(store, opts, epoch)):
             if k >= start_batch:
@@ -196,7 +194,7 @@ def iter_batches(store: Store, opts: ReaderOptions, epoch: int = 0, start_batch:
     for x, y, ids in engine.run_epoch(
             epoch_plan(store, opts, epoch), store.piece_rows, read,
             lambda i: module.piece_file(store.pieces[i]), workers=reading_threads(store, opts, fetch_ahead=bool(span)),
-            start_batch=start_batch, batch_empty=batch_empty, upcoming=upcoming if span else None,
+            start_batch=start_batch, upcoming=upcoming if span else None,
             ahead=pieces_ahead(store, opts)):
         yield Batch(x, y, ids)
     if not store.local:

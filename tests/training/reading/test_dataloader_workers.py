@@ -171,7 +171,7 @@ def test_a_multiprocessing_pool_started_after_open_store_reads_every_shard(reque
     global _STORE
     store, _, _ = make_store(request, tmp_path, source, "azurite")
     _STORE = store
-    list(store.batches(8))  # the parent has used the client before the pool starts
+    next(iter(store.batches(8)))  # the parent has used the client, and left requests in flight, before the fork
     ctx = multiprocessing.get_context(method)
     adopt = {} if method == "fork" else {"initializer": _adopt, "initargs": (store,)}  # fork: inherited
     with ctx.Pool(3, **adopt) as pool:
@@ -224,3 +224,30 @@ def test_the_readme_recipe_runs_on_an_s3_store(request, tmp_path, source, method
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "batches 7 resumes at 7" in done.stdout  # 7 row groups of 8 samples, batches of 8
+
+
+def _rank_reads(rank: int, world: int, store, out) -> None:
+    """One torchrun-style rank (RANK / WORLD_SIZE in its environment) reading its share of an
+    epoch through a DataLoader with two forked workers."""
+    import os
+
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world)
+    dataset = trainfeed.TorchDataset(store, batch_size=4, seed=8)
+    dataset.set_epoch(1)
+    out.put((rank, samples_of([(x.numpy(), y.numpy()) for x, y in loader(dataset, "fork", 2)])))
+
+
+def test_ranks_that_each_use_dataloader_workers_read_every_sample_once(request, tmp_path, source):
+    """Ranks started as torchrun and TorchDistributor start them (spawn), each with forked
+    DataLoader workers: shard rank * workers + worker of world * workers, nothing twice."""
+    store, _, _ = make_store(request, tmp_path, source, "azurite")
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    ranks = [ctx.Process(target=_rank_reads, args=(rank, 2, store, out)) for rank in range(2)]
+    for p in ranks:
+        p.start()
+    got = dict(out.get(timeout=TIMEOUT * 2) for _ in ranks)
+    for p in ranks:
+        p.join(TIMEOUT)
+    assert [p.exitcode for p in ranks] == [0, 0]
+    assert sorted(got[0] + got[1]) == source[1] and not set(got[0]) & set(got[1])
