@@ -12,8 +12,9 @@ One dataset of volumes is converted to Parquet, Delta and HDF5 on local disk, th
 - **local**: one epoch of the store on local disk (the decode cost the floor does not pay);
 - **cache**: at 8 in flight, epoch 1 filling a fresh ``cache_dir`` and epoch 2 from it;
 - **dataloader**: what most PyTorch users run: ``DataLoader(TorchDataset(store), num_workers=W)``
-  under each start method (fork, forkserver, spawn), W = 2 and 4, without and with a fresh
-  ``cache_dir``; CPU counts this process and the worker processes (their startup included).
+  under each start method (fork, forkserver, spawn), W = 2 and 4, and W = 0 (trainfeed's
+  threads in the training process), without and with a fresh ``cache_dir``; CPU counts this
+  process and the worker processes (their startup included).
 
 - **peer** (s3rver, when ``s3torchconnector`` is installed: ``pip install s3torchconnector``):
   AWS's connector for PyTorch over the same volumes as one object each (how an S3 user would
@@ -100,8 +101,8 @@ def loader_epoch(url: str, options: dict, method: str, workers: int, **kwargs) -
 
     store = trainfeed.open_store(url, storage_options=options, **kwargs)
     dataset = trainfeed.TorchDataset(store, batch_size=32, seed=1)
-    batches = iter(DataLoader(dataset, batch_size=None, num_workers=workers, multiprocessing_context=method,
-                              timeout=600))
+    processes = dict(num_workers=workers, multiprocessing_context=method, timeout=600) if workers else {}
+    batches = iter(DataLoader(dataset, batch_size=None, **processes))
     procs: dict[int, psutil.Process] = {}
     cpu: dict[int, float] = {}
     samples = 0
@@ -154,6 +155,13 @@ def peer_epoch(kind: str, prefix_url: str, options: dict, method: str, workers: 
             except psutil.Error:
                 pass
     return samples, nbytes, sum(cpu.values())
+
+
+def loader_cells(args) -> list[tuple[str, int]]:
+    """(start method, workers) of each DataLoader cell; 0 workers (trainfeed's threads in the
+    training process) once, as method "none"."""
+    cells = [("none", 0)] if 0 in args.loader_workers else []
+    return cells + [(m, w) for m in args.methods for w in args.loader_workers if w]
 
 
 def relayed(options: dict, server_port: int, relay_port: int) -> dict:
@@ -247,29 +255,29 @@ def measure(args, name: str, scheme: str, options: dict, urls: dict, local: dict
             shutil.rmtree(cache, ignore_errors=True)
             if fmt not in args.loader_formats:
                 continue
-            for method in args.methods:
-                for workers in args.loader_workers:
-                    for cached in (False, True):
-                        cache = work / f"dl-cache-{name}-{latency}-{fmt}-{rnd}-{method}-{workers}"
-                        with Meter() as m:
-                            got, worker_cpu = loader_epoch(url, options, method, workers, io_concurrency=8,
-                                                           cache_dir=str(cache) if cached else None)
-                        assert got == args.count
-                        m.cpu += worker_cpu
-                        emit(m.record(nbytes, kind="dataloader", **server, format=fmt, method=method,
-                                      workers=workers, cache=cached, concurrency=8, round=rnd))
-                        shutil.rmtree(cache, ignore_errors=True)
+            for method, workers in loader_cells(args):
+                for cached in (False, True):
+                    cache = work / f"dl-cache-{name}-{latency}-{fmt}-{rnd}-{method}-{workers}"
+                    with Meter() as m:
+                        got, worker_cpu = loader_epoch(url, options, method, workers, io_concurrency=8,
+                                                       cache_dir=str(cache) if cached else None)
+                    assert got == args.count
+                    m.cpu += worker_cpu
+                    emit(m.record(nbytes, kind="dataloader", **server, format=fmt, method=method,
+                                  workers=workers, cache=cached, concurrency=8, round=rnd))
+                    shutil.rmtree(cache, ignore_errors=True)
         if scheme != "s3" or not _has_peer():
             continue  # the peer reads S3 only
+        workers = next((w for w in args.loader_workers if w), 2)  # the peer reads in worker processes
         for method in args.methods:
             for kind in ("map", "iterable"):
                 with Meter() as m:
                     got, peer_bytes, worker_cpu = peer_epoch(kind, f"s3://{BUCKET}/objects/", options, method,
-                                                             args.loader_workers[0])
+                                                             workers)
                 assert got == args.count
                 m.cpu += worker_cpu
                 emit(m.record(peer_bytes, kind=f"s3torch_{kind}", **server, format="objects", method=method,
-                              workers=args.loader_workers[0], round=rnd))
+                              workers=workers, round=rnd))
 
 
 def _has_peer() -> bool:
@@ -351,7 +359,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=2, help="the reader's decode workers (default 2)")
     parser.add_argument("--latency-ms", default="0,20", help="latency added to every request, per pass (default 0,20)")
     parser.add_argument("--methods", default="fork,forkserver,spawn", help="DataLoader start methods")
-    parser.add_argument("--loader-workers", default="2,4", help="DataLoader worker processes (default 2,4)")
+    parser.add_argument("--loader-workers", default="0,2,4",
+                        help="DataLoader worker processes (default 0,2,4; 0: trainfeed's threads in the training process)")
     parser.add_argument("--loader-formats", default="parquet", help="formats read through DataLoader (default parquet)")
     args = parser.parse_args(argv)
     args.shape = tuple(int(x) for x in args.shape.split("x"))

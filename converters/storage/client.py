@@ -31,6 +31,8 @@ from types import SimpleNamespace
 import obstore
 from obstore import _obstore
 
+from trainfeed.converters.errors import TrainfeedError
+
 _INSTALLED = SimpleNamespace(
     **{name: getattr(_obstore, name) for name in ("get", "get_range", "head", "list", "list_with_delimiter",
                                                    "put", "delete")},
@@ -63,17 +65,35 @@ def library() -> SimpleNamespace:
 
 
 def _load_copy() -> SimpleNamespace:
-    """obstore's native module loaded again from a fresh copy of its file."""
-    folder = tempfile.mkdtemp(prefix="trainfeed-obstore-")
-    try:
-        copy = os.path.join(folder, os.path.basename(_obstore.__file__))
-        shutil.copyfile(_obstore.__file__, copy)
-        loader = importlib.machinery.ExtensionFileLoader(_obstore.__name__, copy)
-        spec = importlib.util.spec_from_file_location(_obstore.__name__, copy, loader=loader)
-        module = importlib.util.module_from_spec(spec)
-        loader.exec_module(module)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)  # the mapping outlives the file
+    """obstore's native module loaded again from a fresh copy of its file, in the first of the
+    temporary folder, ``~/.cache/trainfeed`` and ``/dev/shm`` that allows it (a folder mounted
+    ``noexec`` cannot load code)."""
+    tried = []
+    for parent in (None, os.path.expanduser("~/.cache/trainfeed"), "/dev/shm"):
+        try:
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+            folder = tempfile.mkdtemp(prefix="trainfeed-obstore-", dir=parent)
+        except OSError as exc:
+            tried.append(f"{parent}: {exc.strerror}")
+            continue
+        try:
+            copy = os.path.join(folder, os.path.basename(_obstore.__file__))
+            shutil.copyfile(_obstore.__file__, copy)
+            loader = importlib.machinery.ExtensionFileLoader(_obstore.__name__, copy)
+            spec = importlib.util.spec_from_file_location(_obstore.__name__, copy, loader=loader)
+            module = importlib.util.module_from_spec(spec)
+            loader.exec_module(module)
+            break
+        except (OSError, ImportError) as exc:
+            tried.append(f"{folder}: {exc}")
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)  # the mapping outlives the file
+    else:
+        raise TrainfeedError("this process was forked from one that used the object-store client, which cannot "
+                             "be used after fork, and no private copy could be loaded (" + "; ".join(tried)
+                             + "): start worker processes with 'forkserver' or 'spawn' (DataLoader's "
+                             "multiprocessing_context=)")
     stores = module._store
     return SimpleNamespace(
         **{name: getattr(module, name) for name in ("get", "get_range", "head", "list", "list_with_delimiter",

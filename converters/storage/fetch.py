@@ -163,12 +163,12 @@ class Fetcher:
 
     def __init__(self, fs, io_concurrency: int = DEFAULT_IO_CONCURRENCY, cache: DiskCache | None = None,
                  part_size: int = PART_SIZE, deadline: float | None = None,
-                 identities: dict[str, Identity] | None = None):
+                 identities: dict[str, Identity] | None = None, max_request: int = MAX_REQUEST):
         self.fs = fs
         self.io_concurrency = max(1, io_concurrency)
         self.cache = cache
         self.part_size = part_size
-        self.max_request = max(part_size, MAX_REQUEST)
+        self.max_request = max(part_size, max_request)
         self.deadline = deadline
         self.identities: dict[str, Identity] = dict(identities or {})
         self._native = isinstance(fs, NativeFileSystem)

@@ -6,6 +6,7 @@ import gc
 import time
 
 import fsspec
+import fsspec.implementations.local
 import h5py
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from trainfeed.converters.storage.native import ObjectChanged
 def test_a_range_split_into_parts_reads_the_same_bytes(tmp_path):
     data = np.random.default_rng(0).integers(0, 256, 1000, dtype=np.uint8).tobytes()
     (tmp_path / "obj").write_bytes(data)
-    fetcher = Fetcher(fsspec.filesystem("file"), io_concurrency=3, part_size=64)
+    fetcher = Fetcher(fsspec.filesystem("file"), io_concurrency=3, part_size=64, max_request=64)
     span = fetcher.fetch(str(tmp_path / "obj"), 5, 947)
     assert len(span.parts) == 15 and span.tobytes() == data[5:947]
     file = RangeFile(fetcher, str(tmp_path / "obj"), len(data))
@@ -79,3 +80,68 @@ def test_h5py_reads_through_object_storage_while_garbage_collection_runs(azurite
     finally:
         gc.set_threshold(*thresholds)
         gc.collect()
+
+
+class CountingFileSystem(fsspec.implementations.local.LocalFileSystem):  # a real file system, counted
+    """Local files, counting the range reads made (each one request on object storage)."""
+
+    requests = 0
+
+    def cat_file(self, path, start=None, end=None, **kwargs):
+        type(self).requests += 1
+        return super().cat_file(path, start=start, end=end, **kwargs)
+
+
+@pytest.fixture
+def counted(tmp_path):
+    data = np.random.default_rng(1).integers(0, 256, 5000, dtype=np.uint8).tobytes()
+    (tmp_path / "obj").write_bytes(data)
+    CountingFileSystem.requests = 0
+    return CountingFileSystem(skip_instance_cache=True), str(tmp_path / "obj"), data
+
+
+def test_a_span_up_to_the_request_limit_is_one_request_and_one_buffer(counted):
+    """One buffer: a decoder reading the whole span gets a view, never a join into fresh memory."""
+    fs, path, data = counted
+    fetcher = Fetcher(fs, part_size=100, max_request=1000)
+    span = fetcher.fetch(path, 10, 1010)
+    assert (CountingFileSystem.requests, len(span.parts)) == (1, 1)
+    assert isinstance(span.view(10, 1000), memoryview) and bytes(span.view(10, 1000)) == data[10:1010]
+    assert fetcher.fetch(path, 0, 1001).tobytes() == data[:1001] and CountingFileSystem.requests == 1 + 11
+
+
+def test_a_span_fetched_ahead_is_not_requested_again(counted):
+    fs, path, data = counted
+    fetcher = Fetcher(fs, part_size=100, max_request=1000)
+    fetcher.ahead(path, 0, 800)
+    fetcher.ahead(path, 0, 800)  # asked twice: one request
+    fetcher.ahead(path, 800, 1600)
+    assert fetcher.fetch(path, 0, 800).tobytes() == data[:800]
+    assert fetcher.fetch(path, 800, 1600).tobytes() == data[800:1600]
+    assert CountingFileSystem.requests == 2
+    assert fetcher.fetch(path, 0, 800).tobytes() == data[:800] and CountingFileSystem.requests == 3
+
+
+def _fetch_in_child(fetcher, path, out) -> None:
+    out.put(fetcher.fetch(path, 0, 800).tobytes())
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_fetcher_in_another_process_reads_with_threads_of_its_own(tmp_path, method):
+    """Pickled (spawn) it travels without its threads; forked, it leaves its parent's pending
+    requests behind instead of waiting on threads that do not exist in the child."""
+    import multiprocessing
+
+    data = np.random.default_rng(2).integers(0, 256, 5000, dtype=np.uint8).tobytes()
+    (tmp_path / "obj").write_bytes(data)
+    path = str(tmp_path / "obj")
+    fetcher = Fetcher(fsspec.filesystem("file"), part_size=100, max_request=1000)
+    fetcher.ahead(path, 0, 800)  # in flight (or done) in the parent when the child starts
+    ctx = multiprocessing.get_context(method)
+    out = ctx.Queue()
+    child = ctx.Process(target=_fetch_in_child, args=(fetcher, path, out))
+    child.start()
+    assert out.get(timeout=60) == data[:800]
+    child.join(60)
+    assert child.exitcode == 0
+    assert fetcher.fetch(path, 0, 800).tobytes() == data[:800]  # the parent's own request, still there
