@@ -2,7 +2,8 @@
 request: the first whose request line matches a pattern is kept, unsent, until ``release()``,
 then forwarded as if nothing happened. A test thereby knows that a client is waiting on that
 request (an upload still pending, the commit in flight) and acts at that moment, without a
-timing guess. Clients here do not pipeline, so each request starts a read."""
+timing guess. A request still held when the relay closes (its client killed meanwhile) is
+never forwarded. Clients here do not pipeline, so each request starts a read."""
 from __future__ import annotations
 
 import re
@@ -22,6 +23,7 @@ class HoldGate:
         self.held_line = b""
         self.requests: list[bytes] = []  # every request line forwarded, in order
         self._taken = False
+        self._closing = False
         self._listener = socket.socket()
         self._listener.bind(("127.0.0.1", 0))
         self._listener.listen(64)
@@ -65,7 +67,8 @@ class HoldGate:
                     continue
                 for line in self._REQUEST_LINE.finditer(data):
                     self.requests.append(line.group(0).strip())
-                    self._hold(line.group(0))
+                    if self._hold(line.group(0)) and self._closing:
+                        return  # closed while held (its client killed): never forwarded
                 upstream.sendall(data)
         except OSError:
             pass
@@ -90,6 +93,7 @@ class HoldGate:
                 pass
 
     def close(self) -> None:
+        self._closing = True
         self.release()
         self._listener.close()
         with self._lock:
