@@ -301,8 +301,10 @@ def test_append_keeps_class_numbers_and_numbers_new_classes_after_them(tmp_path,
 
 
 @pytest.mark.parametrize("table_args,append_args,message", [
-    (["--labels", "{src}/labels.csv"], [], "cannot append samples with no labels to a table with integer labels"),
-    ([], ["--labels", "{src}/labels.csv"], "cannot append samples with integer labels to a table with no labels"),
+    (["--labels", "{src}/labels.csv"], ["--no-folder-labels"],
+     "cannot append samples with no labels to a table with integer labels"),
+    (["--no-folder-labels"], ["--labels", "{src}/labels.csv"],
+     "cannot append samples with integer labels to a table with no labels"),
     (["--labels", "{src}/classes.csv"], ["--labels", "{src}/labels.csv"],
      "cannot append samples with integer labels to a table with class-name labels"),
 ])
@@ -327,7 +329,7 @@ def test_ids_another_writer_appended_meanwhile_are_not_duplicated(tmp_path, volu
     writer that added one of this run's ids in between makes the run fail, appending nothing."""
     src, _ = volumes
     dst = tmp_path / "t.delta"
-    assert convert_cli(src, dst, "--to", "delta").exit_code == 0
+    assert convert_cli(src, dst, "--to", "delta", "--no-folder-labels").exit_code == 0
     more = tmp_path / "more"
     write_volumes(more, 4, seed=3, labels_csv=False)
     rename_ids(more, "m_")
