@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import posixpath
 import sys
 from enum import Enum
 from typing import List, Optional
@@ -17,8 +16,7 @@ from trainfeed.converters.cli_common import exit_codes, parse_storage_options
 from trainfeed.converters.redact import redact, redact_json
 from trainfeed.converters.sources.decode import ImageOptions
 from trainfeed.converters.formats.registry import FORMATS, WRITABLE
-from trainfeed.converters.storage.config import call_timeout
-from trainfeed.converters.storage.filesystems import call, open_fs
+from trainfeed.converters.sources.labels import labels_in_source
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 
@@ -59,24 +57,6 @@ def parse_resize(text: str | None, option: str = "--resize") -> tuple[int, int] 
     return int(parts[0]), int(parts[1])
 
 
-#: The labels file `convert` and `storage-bench run` take from SRC when --labels is not given
-#: (`storage-bench generate` writes it there).
-LABELS_FILE = "labels.csv"
-
-
-def labels_in_source(src: str, storage_options: dict | None = None) -> str | None:
-    """SRC/labels.csv when it is a file, else None (also when SRC cannot be reached: the
-    conversion then says why)."""
-    if "://" not in src or src.startswith("file://"):
-        path = os.path.join(src.removeprefix("file://"), LABELS_FILE)
-        return path if os.path.isfile(path) else None
-    try:
-        fs, root = open_fs(src, storage_options)
-        found = call(fs, "isfile", posixpath.join(root.rstrip("/"), LABELS_FILE),
-                     deadline=call_timeout(storage_options))
-    except Exception:  # noqa: BLE001  unreachable or refused: listing SRC reports it in its own words
-        return None
-    return src.rstrip("/") + "/" + LABELS_FILE if found else None
 
 
 def default_workers(src: str) -> int:

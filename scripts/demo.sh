@@ -22,7 +22,7 @@ $BIN/storage-bench run "$OUT/volumes" --out "$OUT/ab" --nodes cpu,t4,h100 \
   --steps 20 --cpu-steps 4 --batch-size 32 --workers 4 --storage-backend local --storage-profile azure-blob \
   --baseline-loader name=generator,concurrency=1,prefetch=off
 echo
-sed -n '/## Training time/,/## Layout effect/p' "$OUT/ab/report.md" | sed '$d'
+sed -n '/## What to do/,/## vCPUs to feed/p' "$OUT/ab/report.md" | sed '$d'
 rm -rf "$OUT/reference"
 echo "== the published case (DeepIQ, Azure Databricks): scenarios/reference-azure-databricks.toml"
 # (TensorFlow's C++ start-up notices ignore TF_CPP_MIN_LOG_LEVEL: filtered from stderr here)

@@ -159,3 +159,17 @@ def test_the_typed_options_name_what_the_registries_hold():
     assert set(get_args(store.Format)) == set(FORMATS)
     assert set(get_args(conversion.WritableFormat)) == set(WRITABLE)
     assert set(get_args(store.Pool)) == set(POOLS)
+
+
+def test_convert_takes_src_labels_csv_and_names_fixes_in_keyword_arguments(tmp_path):
+    """As the `convert` CLI: SRC/labels.csv is the labels when ``labels`` is not given
+    (``folder_labels=False``: none), and a message names the fix as the API spells it."""
+    truth = write_volumes(tmp_path / "src", 6, shape=SHAPE)
+    trainfeed.convert(str(tmp_path / "src"), str(tmp_path / "a.parquet"), format="parquet")
+    store = trainfeed.open_store(str(tmp_path / "a.parquet"))
+    assert {i: int(y) for b in store.batches(6, shuffle=False) for i, y in zip(b.ids, b.y)} == \
+        {i: lab for i, (_, lab) in truth.items()}
+    trainfeed.convert(str(tmp_path / "src"), str(tmp_path / "b.parquet"), format="parquet", folder_labels=False)
+    assert not trainfeed.open_store(str(tmp_path / "b.parquet")).reader.schema.labeled
+    with pytest.raises(trainfeed.TrainfeedError, match=r'destination already exists; pass mode="overwrite" to '):
+        trainfeed.convert(str(tmp_path / "src"), str(tmp_path / "a.parquet"), format="parquet")

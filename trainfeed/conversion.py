@@ -7,7 +7,7 @@ from typing import Any, Literal, Mapping
 
 from trainfeed.converters.convert import ConvertConfig
 from trainfeed.converters.convert import convert as _convert
-from trainfeed.converters.errors import UsageError
+from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.formats.options import WriteOptions, parse_size
 from trainfeed.converters.sources.decode import ImageOptions
 from trainfeed.converters.formats.registry import FORMATS
@@ -64,11 +64,14 @@ def convert(src: str, dst: str, *, format: WritableFormat, labels: str | None = 
 
     The options are the ``convert`` CLI's (``convert --help``); sizes take bytes or text such
     as ``"64MiB"``. Nothing appears at ``dst`` unless the whole store was written (and, with
-    ``verify``, compared bit for bit with its source). Raises ``TrainfeedError`` (``UsageError``
-    for options that cannot work)."""
+    ``verify``, compared bit for bit with its source). Labels: the ``labels`` CSV (id,label),
+    else ``src``/labels.csv when it exists, else class subfolder names (``folder_labels=False``:
+    none from ``src`` itself, as ``--no-folder-labels``). Raises ``TrainfeedError``
+    (``UsageError`` for options that cannot work)."""
     if image_mode not in ("RGB", "L"):
         raise UsageError(f"image_mode must be RGB or L, not {image_mode!r}")
     from trainfeed.converters.cli import default_workers
+    from trainfeed.converters.sources.labels import labels_in_source
 
     default_codec = getattr(FORMATS.get(format), "DEFAULT_COMPRESSION", "none")  # unknown format: check_config says so
     write = WriteOptions(
@@ -78,6 +81,27 @@ def convert(src: str, dst: str, *, format: WritableFormat, labels: str | None = 
         hdf5_chunk_size=parse_size(hdf5_chunk_size, "hdf5_chunk_size"), mode=mode, tensor_column=tensor_column)
     cfg = ConvertConfig(src=src, dst=dst, fmt=format, write=write,
                         image=ImageOptions(resize=resize, storage=image_storage, mode=image_mode),
-                        labels_csv=labels, folder_labels=folder_labels, workers=workers or default_workers(src),
+                        labels_csv=labels or (labels_in_source(src, dict(storage_options or {})) if folder_labels
+                                              else None),
+                        folder_labels=folder_labels, workers=workers or default_workers(src),
                         on_error=on_error, verify=verify, storage_options=dict(storage_options or {}))
-    return ConvertResult.from_summary(_convert(cfg))
+    try:
+        return ConvertResult.from_summary(_convert(cfg))
+    except TrainfeedError as exc:
+        exc.args = (in_api_words(str(exc)),)  # the same exception (its type and attributes), reworded
+        raise
+
+
+#: The CLI's words for what an API caller writes as a keyword argument, in messages the
+#: conversion shares with the `convert` CLI.
+_API_WORDS = (("pass --overwrite", 'pass mode="overwrite"'), ("or --mode append", 'or mode="append"'),
+              ("--mode append", 'mode="append"'), ("--overwrite", 'mode="overwrite"'),
+              ("--no-folder-labels", "folder_labels=False"), ("--labels CSV", "labels=CSV"),
+              ("--on-error skip", 'on_error="skip"'), ("--resize HxW", "resize=(H, W)"))
+
+
+def in_api_words(message: str) -> str:
+    """A conversion message with the fix named as the API spells it."""
+    for cli, api in _API_WORDS:
+        message = message.replace(cli, api)
+    return message

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import csv
 import io
+import os
+import posixpath
 import re
 from dataclasses import dataclass, field
 
@@ -141,3 +143,23 @@ def resolve_labels(
             label_map = _index_classes(classes)
             return Labels({f.id: label_map[f.id.split("/", 1)[0]] for f in files}, label_map, "folders")
     return Labels(None)
+
+
+#: The labels file `convert` and `storage-bench run` take from SRC when --labels is not given
+#: (`storage-bench generate` writes it there).
+LABELS_FILE = "labels.csv"
+
+
+def labels_in_source(src: str, storage_options: dict | None = None) -> str | None:
+    """SRC/labels.csv when it is a file, else None (also when SRC cannot be reached: the
+    conversion then says why)."""
+    if "://" not in src or src.startswith("file://"):
+        path = os.path.join(src.removeprefix("file://"), LABELS_FILE)
+        return path if os.path.isfile(path) else None
+    try:
+        fs, root = open_fs(src, storage_options)
+        found = call(fs, "isfile", posixpath.join(root.rstrip("/"), LABELS_FILE),
+                     deadline=call_timeout(storage_options))
+    except Exception:  # noqa: BLE001  unreachable or refused: listing SRC reports it in its own words
+        return None
+    return src.rstrip("/") + "/" + LABELS_FILE if found else None
