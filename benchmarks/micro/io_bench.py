@@ -134,7 +134,6 @@ def peer_epoch(kind: str, prefix_url: str, options: dict, method: str, workers: 
     import s3torchconnector as s3t
     from torch.utils.data import DataLoader
 
-    os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"] = options["key"], options["secret"]
     config = s3t.S3ClientConfig(force_path_style=True)
     common = dict(region=options["region_name"], endpoint=options["endpoint_url"], transform=_volume,
                   s3client_config=config)
@@ -197,6 +196,9 @@ def run(args) -> list[dict]:
         if "s3rver" in args.servers:
             server = stack.enter_context(s3rver.start(BUCKET))
             servers["s3rver"] = ("s3", server.storage_options, server.port)
+            # the peer takes its credentials from the environment, in every worker process (also
+            # those of a forkserver started before it runs)
+            os.environ["AWS_ACCESS_KEY_ID"] = os.environ["AWS_SECRET_ACCESS_KEY"] = s3rver.ACCESS_KEY
         for name, (scheme, options, port) in servers.items():
             fs, _ = open_fs(f"{scheme}://{BUCKET}", options)
             urls = {}
