@@ -470,6 +470,7 @@ def test_cache_dir_serves_epochs_once_the_objects_are_gone(azure, tmp_path, kind
     """The read engine with ``cache_dir``: epoch 0 fills the cache (within ``cache_limit``);
     with the data parts then deleted from the store, the opened store reads epoch 0 again (the
     same batches, bit for bit) and epoch 1 (every sample) from the cache."""
+    from trainfeed.converters.storage.fetch import flush_cache_writes
     from trainfeed.training.reading.readers import ReaderOptions, iter_batches, open_store
 
     src = tmp_path / "vols"
@@ -484,6 +485,7 @@ def test_cache_dir_serves_epochs_once_the_objects_are_gone(azure, tmp_path, kind
     store = open_store(url, opts=opts)
     first = rows_of_batches(iter_batches(store, opts, epoch=0))
     assert sorted(first) == truth_rows(truth)
+    flush_cache_writes()  # written behind the reads: finished shortly after the epoch
     assert 0 < cache_usage(cache) <= limit
     parts = read_independently(azure, bucket, key, kind).parts
     azure.fs().rm([f"{bucket}/{p}" for p in sorted(parts)])

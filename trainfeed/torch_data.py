@@ -10,9 +10,15 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.storage.fetch import flush_cache_writes
 
 from trainfeed.store import Pool, Store, open_store
 from trainfeed.training.reading import readers
+
+
+#: Seconds a DataLoader worker waits at the end of its epoch for its cache writes; what is not
+#: written by then is fetched and cached in a later epoch.
+WORKER_FLUSH_S = 10.0
 
 
 def _rank_world() -> tuple[int, int]:
@@ -100,6 +106,8 @@ class TorchDataset(IterableDataset):
             shard=rank * workers + logical, num_shards=world * workers, augment=self.augment)
         for batch in readers.iter_batches(self.store.reader, opts, epoch, start_batch=starts[logical]):
             yield torch.from_numpy(batch.x), torch.from_numpy(batch.y)
+        if info is not None:  # a worker process may exit now: its cache writes first (bounded)
+            flush_cache_writes(timeout=WORKER_FLUSH_S)
 
     def state_dict(self, batches: int) -> dict[str, Any]:
         """Where to resume after ``batches`` batches of this epoch's iterator."""

@@ -142,6 +142,15 @@ class DiskCache:
         self.hits += 1
         return payload
 
+    def holds(self, key: str, size: int) -> bool:
+        """Whether a file of the right size is cached under ``key`` (not checked: ``get`` does)."""
+        if not self.usable:
+            return False
+        try:
+            return self._file(key).stat().st_size == size + _FOOTER.size
+        except OSError:
+            return False
+
     def _discard(self, file: Path) -> None:
         self.discarded += 1
         with suppress(OSError):

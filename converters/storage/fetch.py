@@ -21,12 +21,14 @@ the optional local disk cache.
 """
 from __future__ import annotations
 
+import atexit
 import bisect
 import gc
 import io
 import os
 import sys
 import threading
+import time
 import weakref
 from collections import OrderedDict, deque
 from contextlib import suppress
@@ -149,11 +151,17 @@ _FETCHERS: weakref.WeakSet = weakref.WeakSet()
 
 
 def flush_cache_writes(timeout: float = 60.0) -> None:
-    """Wait for the cache writes of this process's fetchers (the end of an epoch: a worker
-    process may exit next, and the ranges it fetched should be there for the next epoch)."""
+    """Wait, at most ``timeout`` seconds in all, for the cache writes of this process's
+    fetchers: before a process exits (a DataLoader worker at the end of its epoch, the
+    interpreter), so that the ranges it fetched are there for the next epoch. Reading never
+    waits for them otherwise."""
+    end = time.monotonic() + timeout
     for fetcher in list(_FETCHERS):
         if fetcher._writer is not None and fetcher._pid == os.getpid():
-            fetcher._writer.flush(timeout)
+            fetcher._writer.flush(max(0.0, end - time.monotonic()))
+
+
+atexit.register(flush_cache_writes, 30.0)
 
 
 class Fetcher:
@@ -227,9 +235,10 @@ class Fetcher:
         """Range requests a span of ``nbytes`` is fetched with."""
         return 1 if nbytes <= self.max_request else -(-nbytes // self.part_size)
 
-    def _request(self, path: str, start: int, end: int) -> Span | list:
-        """A cached span, or the futures of the requests that fetch it (started now)."""
-        if self.cache is not None:
+    def _request(self, path: str, start: int, end: int, cached: bool = True) -> Span | list:
+        """A cached span (``cached``: looked up), or the futures of the requests that fetch it
+        (started now)."""
+        if cached and self.cache is not None:
             cached = self.cache.get(self._cache_key(path, start, end), end - start)
             if cached is not None:
                 return Span(start, [cached])
@@ -244,14 +253,15 @@ class Fetcher:
     def ahead(self, path: str, start: int, end: int) -> None:
         """Start fetching ``start:end`` now, for a ``fetch`` of the same span soon (a reader asks
         for the pieces it will decode next, so that ``io_concurrency`` requests stay in flight
-        across pieces while few threads decode). At most ``AHEAD_SPANS`` wait."""
+        across pieces while few threads decode). At most ``AHEAD_SPANS`` wait. A span the disk
+        cache holds is left to ``fetch`` (which checks it)."""
         self._own()
         with self._ahead_lock:
-            if (path, start, end) in self._ahead:
+            key = (path, start, end)
+            if key in self._ahead or (self.cache is not None
+                                      and self.cache.holds(self._cache_key(path, start, end), end - start)):
                 return
-        pending = self._request(path, start, end)
-        with self._ahead_lock:
-            self._ahead[(path, start, end)] = pending
+            self._ahead[key] = self._request(path, start, end, cached=False)
             while len(self._ahead) > AHEAD_SPANS:
                 self._ahead.popitem(last=False)
 
@@ -286,6 +296,14 @@ class _GCPause:
         self._lock = threading.Lock()
         self._inside = 0
         self._was_enabled = False
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        """A forked child has none of its parent's threads: none is inside a read."""
+        self._lock = threading.Lock()
+        if self._inside and self._was_enabled:
+            gc.enable()
+        self._inside = 0
 
     def __enter__(self) -> None:
         with self._lock:

@@ -14,6 +14,7 @@ what the window permutation decides.
 """
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from dataclasses import dataclass
@@ -95,6 +96,11 @@ class Recycler:
         self.keep = keep
         self.free: dict[tuple, list[np.ndarray]] = {}
         self.lock = threading.Lock()
+        # a thread of the parent may hold the lock when a DataLoader forks its workers
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self.lock = threading.Lock()
 
     def empty(self, shape: tuple, dtype) -> np.ndarray:
         dtype = np.dtype(dtype)
@@ -171,10 +177,10 @@ def run_epoch(plan: EpochPlan, piece_rows: Sequence[int], read: Callable[[int, d
     told_lock = threading.Lock()
 
     def tell(upto: int) -> None:
-        with told_lock:
+        with told_lock:  # told before any thread reads them: no piece is requested twice
             first, told[0] = told[0], max(told[0], min(len(todo), upto))
-        for pos in range(first, told[0]):
-            upcoming(int(todo[pos]))
+            for pos in range(first, told[0]):
+                upcoming(int(todo[pos]))
 
     def read_checked(pos: int) -> Columns:
         i = int(todo[pos])

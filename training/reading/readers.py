@@ -197,8 +197,6 @@ def iter_batches(store: Store, opts: ReaderOptions, epoch: int = 0, start_batch:
             start_batch=start_batch, upcoming=upcoming if span else None,
             ahead=pieces_ahead(store, opts)):
         yield Batch(x, y, ids)
-    if not store.local:
-        fetch.flush_cache_writes()  # this process (a DataLoader worker) may exit now
 
 
 def pieces_ahead(store: Store, opts: ReaderOptions) -> int:
