@@ -27,6 +27,7 @@ from pathlib import Path
 
 from trainfeed.converters.errors import TrainfeedError
 from trainfeed.converters.formats.registry import identify
+from trainfeed.converters.storage.cache import pid_alive
 
 _TMP_TAG = ".trainfeed-tmp-"
 _OLD_TAG = ".trainfeed-old-"
@@ -89,16 +90,6 @@ def remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def clean_stale(dst: Path) -> list[Path]:
     """Remove staging siblings of ``dst`` left by runs that were killed; put back a previous
     store that a killed run had moved aside (only where RENAME_EXCHANGE is unavailable)."""
@@ -118,7 +109,7 @@ def clean_stale(dst: Path) -> list[Path]:
         if not entry.name.startswith(prefix):
             continue
         pid_text = entry.name[len(prefix):].split("-", 1)[0]
-        if pid_text.isdigit() and _pid_alive(int(pid_text)) and int(pid_text) != os.getpid():
+        if pid_text.isdigit() and pid_alive(int(pid_text)) and int(pid_text) != os.getpid():
             continue
         remove(entry)
         removed.append(entry)

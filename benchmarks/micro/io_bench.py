@@ -93,28 +93,44 @@ def epoch(url: str, options: dict, workers: int, **kwargs) -> int:
     return sum(len(b.ids) for b in store.batches(batch_size=32, shuffle=True, seed=1, workers=workers))
 
 
+class WorkerCPU:
+    """CPU-seconds of a DataLoader iterator's worker processes, read from /proc while they run
+    (after each batch: a worker's last reading stands once it has exited)."""
+
+    def __init__(self):
+        self._procs: dict = {}
+        self._cpu: dict[int, float] = {}
+
+    def read(self, batches) -> None:
+        import psutil
+
+        for worker in getattr(batches, "_workers", []):
+            try:
+                times = self._procs.setdefault(worker.pid, psutil.Process(worker.pid)).cpu_times()
+                self._cpu[worker.pid] = times.user + times.system
+            except psutil.Error:
+                pass
+
+    @property
+    def seconds(self) -> float:
+        return sum(self._cpu.values())
+
+
 def loader_epoch(url: str, options: dict, method: str, workers: int, **kwargs) -> tuple[int, float]:
     """One epoch through a DataLoader with ``workers`` processes started by ``method``: (samples,
     CPU-seconds of the worker processes, read from /proc while they run)."""
-    import psutil
     from torch.utils.data import DataLoader
 
     store = trainfeed.open_store(url, storage_options=options, **kwargs)
     dataset = trainfeed.TorchDataset(store, batch_size=32, seed=1)
     processes = dict(num_workers=workers, multiprocessing_context=method, timeout=600) if workers else {}
     batches = iter(DataLoader(dataset, batch_size=None, **processes))
-    procs: dict[int, psutil.Process] = {}
-    cpu: dict[int, float] = {}
+    workers_cpu = WorkerCPU()
     samples = 0
     for _, y in batches:
         samples += len(y)
-        for worker in getattr(batches, "_workers", []):
-            try:
-                times = procs.setdefault(worker.pid, psutil.Process(worker.pid)).cpu_times()
-                cpu[worker.pid] = times.user + times.system
-            except psutil.Error:
-                pass
-    return samples, sum(cpu.values())
+        workers_cpu.read(batches)
+    return samples, workers_cpu.seconds
 
 
 def _volume(reader) -> "object":
@@ -130,7 +146,6 @@ def _volume(reader) -> "object":
 def peer_epoch(kind: str, prefix_url: str, options: dict, method: str, workers: int) -> tuple[int, int, float]:
     """One epoch of AWS's s3torchconnector (``kind``: map or iterable) over the objects under
     ``prefix_url`` through a DataLoader: (samples, bytes, CPU-seconds of the worker processes)."""
-    import psutil
     import s3torchconnector as s3t
     from torch.utils.data import DataLoader
 
@@ -142,18 +157,12 @@ def peer_epoch(kind: str, prefix_url: str, options: dict, method: str, workers: 
     loader = DataLoader(dataset, batch_size=32, num_workers=workers, multiprocessing_context=method, timeout=600,
                         shuffle=kind == "map")
     batches = iter(loader)
-    procs: dict[int, psutil.Process] = {}
-    cpu: dict[int, float] = {}
+    workers_cpu = WorkerCPU()
     samples = nbytes = 0
     for x in batches:
         samples, nbytes = samples + len(x), nbytes + x.numel() * x.element_size()
-        for worker in getattr(batches, "_workers", []):
-            try:
-                times = procs.setdefault(worker.pid, psutil.Process(worker.pid)).cpu_times()
-                cpu[worker.pid] = times.user + times.system
-            except psutil.Error:
-                pass
-    return samples, nbytes, sum(cpu.values())
+        workers_cpu.read(batches)
+    return samples, nbytes, workers_cpu.seconds
 
 
 def loader_cells(args) -> list[tuple[str, int]]:

@@ -103,7 +103,7 @@ class DiskCache:
         """Remove temporary files whose writing process is gone (a killed reader's)."""
         for tmp in self.folder.glob("*/.*.tmp"):
             match = _TEMP.fullmatch(tmp.name)
-            if match and not _alive(int(match.group(2))):
+            if match and not pid_alive(int(match.group(2))):
                 with suppress(OSError):
                     tmp.unlink()
 
@@ -226,7 +226,7 @@ class DiskCache:
         (temporary files count, and go only when their writer is gone); the total."""
         ranges, total = [], 0
         for file, st, temporary in self._owned():
-            if temporary and not _alive(int(_TEMP.fullmatch(file.name).group(2))):
+            if temporary and not pid_alive(int(_TEMP.fullmatch(file.name).group(2))):
                 with suppress(OSError):
                     file.unlink()
                 continue
@@ -260,9 +260,8 @@ def _has_footer(file: Path, size: int) -> bool:
     return magic == _MAGIC and length == size - _FOOTER.size
 
 
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (on this machine): what tells a live writer from a killed one."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -33,11 +33,18 @@ from obstore import _obstore
 
 from trainfeed.converters.errors import TrainfeedError
 
-_INSTALLED = SimpleNamespace(
-    **{name: getattr(_obstore, name) for name in ("get", "get_range", "head", "list", "list_with_delimiter",
-                                                   "put", "delete")},
-    AzureStore=obstore.store.AzureStore, S3Store=obstore.store.S3Store, GCSStore=obstore.store.GCSStore,
-    exceptions=obstore.exceptions, origin="installed")
+_CALLS = ("get", "get_range", "head", "list", "list_with_delimiter", "put", "delete")
+
+
+def _library(module, stores, origin: str) -> SimpleNamespace:
+    """What this module calls of one loaded copy of obstore: ``module``'s functions and
+    exceptions, and the store classes of ``stores``."""
+    return SimpleNamespace(**{name: getattr(module, name) for name in _CALLS},
+                           AzureStore=stores.AzureStore, S3Store=stores.S3Store, GCSStore=stores.GCSStore,
+                           exceptions=module.exceptions, origin=origin)
+
+
+_INSTALLED = _library(_obstore, obstore.store, "installed")
 
 #: The process that first used the installed library (its runtime belongs to that process).
 _installed_user: int | None = None
@@ -94,12 +101,7 @@ def _load_copy() -> SimpleNamespace:
                              "be used after fork, and no private copy could be loaded (" + "; ".join(tried)
                              + "): start worker processes with 'forkserver' or 'spawn' (DataLoader's "
                              "multiprocessing_context=)")
-    stores = module._store
-    return SimpleNamespace(
-        **{name: getattr(module, name) for name in ("get", "get_range", "head", "list", "list_with_delimiter",
-                                                     "put", "delete")},
-        AzureStore=stores.AzureStore, S3Store=stores.S3Store, GCSStore=stores.GCSStore,
-        exceptions=module.exceptions, origin="private copy")
+    return _library(module, module._store, "private copy")
 
 
 class _Errors:

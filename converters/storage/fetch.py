@@ -2,9 +2,9 @@
 the optional local disk cache.
 
 - ``Fetcher``: ``fetch(path, start, end)``: one request up to ``MAX_REQUEST``, a larger range
-  split into parts of ``part_size`` fetched concurrently; one fetcher per opened store holds the connection budget
-  (``io_concurrency``: requests in flight for the whole reader, whatever the decode
-  workers). Each part is requested from the version of the object the store's listing gave
+  split into parts of ``part_size`` fetched concurrently; one fetcher per opened store holds
+  the connection budget (``io_concurrency``: requests in flight for the whole reader, whatever
+  the decode workers). Each part is requested from the version of the object the store's listing gave
   when it was opened (``If-Match`` on its ETag, native client): a reader never mixes
   generations, it stops with "the store changed while it was being read; reopen it".
   Retries (500, 503, resets, timeouts: only the failed request) are the client's own.
@@ -50,6 +50,11 @@ PART_SIZE = 8 << 20
 #: into fresh memory: a copy of every byte. So a piece of a default row group (32 MB) is one
 #: request, and concurrency comes from pieces in flight (``training/reading/readers.py``).
 MAX_REQUEST = 32 << 20
+
+
+def requests_for(nbytes: float) -> int:
+    """Range requests a span of ``nbytes`` is fetched with (the default limits)."""
+    return 1 if nbytes <= MAX_REQUEST else -(-int(nbytes) // PART_SIZE)
 #: Reads outside a prefetched span (footers, HDF5 metadata) fetch this much at a time.
 BLOCK_SIZE = 256 << 10
 DEFAULT_IO_CONCURRENCY = 8
@@ -91,23 +96,23 @@ class Span:
 
 class CacheWriter:
     """Puts fetched ranges into a ``DiskCache`` on a thread of its own, at the lowest CPU
-    priority, so that a read never waits for the cache. At most ``budget`` bytes wait to be written; a range that would go past
-    it is not cached this time (a later epoch fetches it again): a slow or busy disk costs cache
-    hits, never read speed. The buffers are the fetched ones, held until written (no copy)."""
+    priority, so that a read never waits for the cache. At most ``budget`` bytes wait to be
+    written; a range that would go past it is not cached this time (a later epoch fetches it
+    again): a slow or busy disk costs cache hits, never read speed. The buffers are the fetched
+    ones, held until written (no copy)."""
 
     def __init__(self, cache: DiskCache, budget: int):
         self.cache, self.budget = cache, budget
-        self.dropped = 0
         self._queue: deque = deque()
         self._pending = 0
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
 
     def offer(self, key: str, parts: list) -> bool:
+        """Queue ``parts`` to be cached under ``key``; False: over the budget, not cached."""
         size = sum(memoryview(p).nbytes for p in parts)
         with self._cv:
             if self._pending + size > self.budget:
-                self.dropped += 1
                 return False
             self._pending += size
             self._queue.append((key, parts, size))
@@ -231,19 +236,15 @@ class Fetcher:
                                                 f"{memoryview(data).nbytes}"))
         return data
 
-    def requests(self, nbytes: int) -> int:
-        """Range requests a span of ``nbytes`` is fetched with."""
-        return 1 if nbytes <= self.max_request else -(-nbytes // self.part_size)
-
     def _request(self, path: str, start: int, end: int, cached: bool = True) -> Span | list:
         """A cached span (``cached``: looked up), or the futures of the requests that fetch it
         (started now)."""
         if cached and self.cache is not None:
-            cached = self.cache.get(self._cache_key(path, start, end), end - start)
-            if cached is not None:
-                return Span(start, [cached])
+            hit = self.cache.get(self._cache_key(path, start, end), end - start)
+            if hit is not None:
+                return Span(start, [hit])
         pool = self.pool
-        cuts = [start, end] if self.requests(end - start) == 1 else list(range(start, end, self.part_size)) + [end]
+        cuts = [start, end] if end - start <= self.max_request else list(range(start, end, self.part_size)) + [end]
         return [pool.submit(self._get, path, a, b) for a, b in zip(cuts, cuts[1:])]
 
     def _cache_key(self, path: str, start: int, end: int) -> str:

@@ -204,8 +204,7 @@ def pieces_ahead(store: Store, opts: ReaderOptions) -> int:
     range requests stay in flight across pieces: one request per small file or row group up
     to ``fetch.MAX_REQUEST``; a larger piece is fetched as concurrent parts."""
     piece_bytes = store.spec.sample_nbytes * store.samples / max(1, len(store.pieces)) if store.spec.sample_nbytes else 0
-    requests = 1 if piece_bytes <= fetch.MAX_REQUEST else math.ceil(piece_bytes / fetch.PART_SIZE)
-    return math.ceil(opts.io_concurrency / requests)
+    return math.ceil(opts.io_concurrency / fetch.requests_for(piece_bytes))
 
 
 def reading_threads(store: Store, opts: ReaderOptions, fetch_ahead: bool = False) -> int:
