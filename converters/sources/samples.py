@@ -38,21 +38,26 @@ def ordered_map(fn: Callable, items: list, workers: int, window_per_worker: int 
 
     pending: deque = deque()
     items_iter = iter(items)
-    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="trainfeed-read") as pool:
-        try:
-            for item in items_iter:
-                pending.append(pool.submit(call, item))
-                if len(pending) >= max(1, workers) * window_per_worker:
-                    break
-            while pending:
-                result = pending.popleft().result()
-                nxt = next(items_iter, None)
-                if nxt is not None:
-                    pending.append(pool.submit(call, nxt))
-                yield result
-        finally:
-            for fut in pending:
-                fut.cancel()
+    pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="trainfeed-read")
+    abandoned = False
+    try:
+        for item in items_iter:
+            pending.append(pool.submit(call, item))
+            if len(pending) >= max(1, workers) * window_per_worker:
+                break
+        while pending:
+            result = pending.popleft().result()
+            nxt = next(items_iter, None)
+            if nxt is not None:
+                pending.append(pool.submit(call, nxt))
+            yield result
+    except GeneratorExit:
+        # a consumer that stopped early does not wait for reads it no longer wants; the
+        # generator may even be collected in one of this pool's threads, which cannot join itself
+        abandoned = True
+        raise
+    finally:
+        pool.shutdown(wait=not abandoned, cancel_futures=True)
 
 
 class SchemaGuard:

@@ -6,12 +6,16 @@ the runtime without its threads, and every request in the child waits forever, t
 inherited client or a new one. That is what a PyTorch DataLoader does on Linux: its worker
 processes are forked after ``open_store`` listed the store and read its footers.
 
-So a process forked from one that used the library loads a private copy of obstore's
-native module (copied to a new file, so that the dynamic loader maps it afresh: its own
-statics, its own runtime, started in this process) and makes every request through it. The
-copy's file is deleted once loaded. Every other process (the one that opened the store,
-spawn and forkserver workers, a fork taken before any request) uses obstore as installed.
-Nothing from the parent's library is called or freed in the child.
+So a process forked from one that used the library makes every request through a private
+copy of obstore's native module (copied to a new file, so that the dynamic loader maps it
+afresh: its own statics, its own runtime, started in the process that first calls it). The
+copy's file is deleted once loaded. The parent loads that copy just before its first fork,
+and never calls it: each child finds it untouched and makes it its own. Loading code in the
+child instead would take the dynamic loader's locks, which another thread of the parent may
+have held at the fork (an exception being unwound, a library being loaded), and wait forever.
+A child whose parent could not load the copy loads one itself. Every other process (the one
+that opened the store, spawn and forkserver workers, a fork taken before any request) uses
+obstore as installed. Nothing from the parent's library is called or freed in the child.
 
 ``library()`` is the module to call (``get``, ``get_range``, ``head``, ``list``,
 ``list_with_delimiter``, ``put``, ``delete``, and the store classes ``AzureStore``,
@@ -48,15 +52,17 @@ _INSTALLED = _library(_obstore, obstore.store, "installed")
 
 #: The process that first used the installed library (its runtime belongs to that process).
 _installed_user: int | None = None
-#: (pid, library) of the private copy this process loaded, if it needed one.
+#: (pid, library) of the private copy this process uses, if it needed one.
 _private: tuple[int, SimpleNamespace] | None = None
+#: A copy loaded before a fork and never called in this process: the next forked child's.
+_spare: SimpleNamespace | None = None
 _loaded: list[SimpleNamespace] = [_INSTALLED]
 _lock = threading.Lock()
 
 
 def library() -> SimpleNamespace:
     """The obstore functions and store classes that work in this process."""
-    global _installed_user, _private
+    global _installed_user, _private, _spare
     pid = os.getpid()
     if _installed_user in (None, pid):
         _installed_user = pid
@@ -66,9 +72,17 @@ def library() -> SimpleNamespace:
         return private[1]
     with _lock:
         if _private is None or _private[0] != pid:
-            _private = (pid, _load_copy())
-            _loaded.append(_private[1])
+            if _spare is not None:  # loaded by the parent, never called there
+                _private, _spare = (pid, _spare), None
+            else:
+                _private = (pid, _load_copy())
+                _loaded.append(_private[1])
         return _private[1]
+
+
+def _in_use_here() -> bool:
+    pid = os.getpid()
+    return _installed_user == pid or (_private is not None and _private[0] == pid)
 
 
 def _load_copy() -> SimpleNamespace:
@@ -114,9 +128,24 @@ class _Errors:
 errors = _Errors()
 
 
+def _before_fork() -> None:
+    """A process that made requests loads the copy its forked children will use (once: every
+    child of this process takes the same untouched copy)."""
+    global _spare
+    if _spare is not None or not _in_use_here():
+        return
+    with _lock:
+        if _spare is None:
+            try:
+                _spare = _load_copy()
+            except TrainfeedError:
+                return  # the child tries again, and says why it cannot
+            _loaded.append(_spare)
+
+
 def _after_fork_in_child() -> None:
     global _lock
     _lock = threading.Lock()  # a thread of the parent may have held it
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)

@@ -9,11 +9,14 @@ time limit. Fork is the case that hung before: ``open_store`` uses the object-st
 the parent, whose runtime a forked child cannot use (converters/storage/client.py)."""
 from __future__ import annotations
 
+import ctypes
+import faulthandler
 import multiprocessing
 import pickle
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -64,11 +67,17 @@ def samples_of(batches) -> list[tuple[bytes, int]]:
     return sorted(out)
 
 
+def dump_stacks_if_stuck(worker_id: int) -> None:
+    """A worker still running shortly before the DataLoader's timeout prints where each of its
+    threads stands, so that a hang in CI says where it hung."""
+    faulthandler.dump_traceback_later(TIMEOUT - 15, exit=False)
+
+
 def loader(dataset, method: str | None, num_workers: int, persistent: bool = False) -> DataLoader:
     if num_workers == 0:
         return DataLoader(dataset, batch_size=None)
     return DataLoader(dataset, batch_size=None, num_workers=num_workers, multiprocessing_context=method,
-                      persistent_workers=persistent, timeout=TIMEOUT)
+                      persistent_workers=persistent, timeout=TIMEOUT, worker_init_fn=dump_stacks_if_stuck)
 
 
 def epochs(dataset, dl, n: int = 2) -> list[list[tuple[np.ndarray, np.ndarray]]]:
@@ -182,6 +191,58 @@ def test_a_multiprocessing_pool_started_after_open_store_reads_every_shard(reque
 def _adopt(store) -> None:
     global _STORE
     _STORE = store
+
+
+def _library_and_shard(shard: int) -> tuple[int, str, list[tuple[bytes, int]]]:
+    from trainfeed.converters.storage import client
+
+    rows = _shard_samples(shard)
+    lib = client.library()
+    return id(lib), lib.origin, rows
+
+
+def test_forked_workers_take_the_copy_of_the_client_their_parent_loaded_before_forking(request, tmp_path, source):
+    """No worker loads code after the fork (the dynamic loader's locks may have been held by
+    another thread of the parent then): each takes the untouched copy its parent loaded."""
+    from trainfeed.converters.storage import client
+
+    global _STORE
+    store, _, _ = make_store(request, tmp_path, source, "s3")
+    _STORE = store
+    next(iter(store.batches(8)))
+    assert client.library().origin == "installed"
+    with multiprocessing.get_context("fork").Pool(3) as pool:
+        got = pool.map_async(_library_and_shard, range(3)).get(TIMEOUT)
+    spare = client._spare
+    assert spare is not None and spare is not client.library()
+    assert [(lib, origin) for lib, origin, _ in got] == [(id(spare), "private copy")] * 3
+    assert sorted(s for _, _, rows in got for s in rows) == source[1]
+
+    # the fork that hung in CI: another thread of the parent inside the dynamic loader (as an
+    # exception being unwound is) while the workers are forked
+    holding, release = threading.Event(), threading.Event()
+    thread = threading.Thread(target=_inside_the_dynamic_loader, args=(holding, release), daemon=True)
+    thread.start()
+    try:
+        assert holding.wait(TIMEOUT)
+        with multiprocessing.get_context("fork").Pool(3) as pool:
+            got = pool.map_async(_library_and_shard, range(3)).get(TIMEOUT)
+        assert sorted(s for _, _, rows in got for s in rows) == source[1]
+    finally:
+        release.set()
+        thread.join(TIMEOUT)
+
+
+def _inside_the_dynamic_loader(holding: threading.Event, release: threading.Event) -> None:
+    """Holds the dynamic loader's lock (dl_iterate_phdr holds it around its callback) until ``release``."""
+    callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+
+    def wait(*_):
+        holding.set()
+        release.wait(TIMEOUT)
+        return 1  # one call is enough
+
+    ctypes.CDLL(None).dl_iterate_phdr(callback_type(wait), None)
 
 
 def test_a_cache_filled_by_worker_processes_serves_the_next_epoch_when_the_objects_are_gone(request, tmp_path,
