@@ -93,7 +93,7 @@ def remove(path: Path) -> None:
 def clean_stale(dst: Path) -> list[Path]:
     """Remove staging siblings of ``dst`` left by runs that were killed; put back a previous
     store that a killed run had moved aside (only where RENAME_EXCHANGE is unavailable)."""
-    removed = []
+    removed: list[Path] = []
     prefix = f".{dst.name}{_TMP_TAG}"
     old_prefix = f".{dst.name}{_OLD_TAG}"
     if not dst.parent.is_dir():

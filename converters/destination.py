@@ -33,8 +33,8 @@ def check_apart(src: str, dst) -> None:
     if is_remote(src):
         return
     dst = Path(dst.path if isinstance(dst, Location) else dst)
-    source = Path(os.path.realpath(src.removeprefix("file://")))
-    _check_apart(source, dst, str(dst), str(source))
+    source_path = Path(os.path.realpath(src.removeprefix("file://")))
+    _check_apart(source_path, dst, str(dst), str(source_path))
 
 
 def _check_apart(source: PurePath, dst: PurePath, dst_shown: str, source_shown: str) -> None:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import signal
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from types import FrameType
+from typing import Any, Callable, Iterator
 
 from trainfeed.converters.errors import TrainfeedError
 
@@ -50,7 +51,10 @@ class Interrupted(TrainfeedError):
         self.exit_code = 128 + signum
 
 
-_NAMES = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}
+# What signal.signal returns and takes: a handler, SIG_DFL / SIG_IGN (ints), or None.
+_Handler = Callable[[int, FrameType | None], Any] | int | None
+
+_NAMES: dict[int, str] = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}
 
 
 class SafeInterrupts:
@@ -67,7 +71,7 @@ class SafeInterrupts:
     def __init__(self) -> None:
         self.requested: int | None = None  # the first signal received
         self._publishing = False
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, _Handler] = {}
 
     def __enter__(self) -> "SafeInterrupts":
         if threading.current_thread() is threading.main_thread():

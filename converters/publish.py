@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Set as AbstractSet
 from contextlib import AbstractContextManager, nullcontext, suppress
 from pathlib import Path
 from typing import Callable
@@ -67,7 +68,7 @@ def _names(dst: Location) -> set[str]:
         return set()
 
 
-def _recheck(dst: Location, overwrite: bool, ours: set[str] = frozenset()) -> bytes | None:
+def _recheck(dst: Location, overwrite: bool, ours: AbstractSet[str] = frozenset()) -> bytes | None:
     """What is at ``dst`` now, besides this run's own parts, must still be what this run may
     replace. Returns the manifest in place (put back if the new store fails its check)."""
     if not _names(dst) - ours:
@@ -185,11 +186,12 @@ def _remove_uncommitted_blobs(dst: Location, trial: re.Pattern) -> None:
     sas = opts.get("sas_token") or opts.get("azure_storage_sas_token")
     endpoint = opts.get("endpoint") or opts.get("azure_storage_endpoint") or \
         (f"https://{account}.blob.core.windows.net" if account else None)
-    if not endpoint or not (key or sas):
+    # an account key signs only with the account's name
+    credential: dict[str, str] | str | None = {"account_name": account, "account_key": key} if key and account else sas
+    if not endpoint or not credential:
         return
     container, prefix = dst.path.split("/", 1)
-    client = ContainerClient(endpoint, container, credential={"account_name": account, "account_key": key} if key
-                             else sas)
+    client = ContainerClient(endpoint, container, credential=credential)
     committed = set(dst.fs.find(dst.path)) | set(dst.fs.ls(dst.path.rsplit("/", 1)[0], detail=False))
     for blob in client.list_blobs(name_starts_with=prefix, include=["uncommittedblobs"]):
         rest = blob.name[len(prefix):]

@@ -132,6 +132,7 @@ def check_data_service(cfg: TrainConfig) -> None:
     if distributed_env()[1] > 1:
         raise UsageError("--data-service feeds one training process: each rank would get the whole epoch; "
                          "run without torchrun/TorchDistributor, or without --data-service")
+    assert cfg.data_service is not None, "checked only when --data-service is given"
     dispatcher_host_port(cfg.data_service)
     require_tensorflow()
 

@@ -11,7 +11,7 @@ import posixpath
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.redact import redact, register_storage_options
@@ -221,7 +221,7 @@ def _measure_cell(cfg: MatrixConfig, node: str, framework: str, st: Staged, ropt
         progress.phase("real run", None)
         real = real_cpu_run(st.source, cfg, framework, cell_dir, node,
                             cfg.resize if st.image_storage == "encoded" else None)
-        profile = {"node_kind": "real", "device": node}
+        profile: dict[str, Any] = {"node_kind": "real", "device": node}
     else:
         acc = load_accelerator(node)
         if key not in compute:

@@ -29,7 +29,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import fsspec
 import numpy as np
@@ -38,6 +38,9 @@ from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.redact import redact, redact_url
 from trainfeed.converters.storage.filesystems import is_local, open_fs
 from trainfeed.converters.storage.native import NativeFileSystem
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 from trainfeed.benchmarks.model.profiles import ObjectStore
 
@@ -145,8 +148,8 @@ def _existing(fs, root: str, cfg: ProbeConfig, shown: str) -> Objects:
     except Exception as exc:
         raise TrainfeedError(redact(f"{shown}: cannot list: {exc}")) from exc
     small = sorted(p for p, size in sizes.items() if size >= cfg.small_size)[:SMALL_OBJECTS]
-    large = max(sizes, key=sizes.get, default=None)
-    if not small or sizes[large] < 2 * cfg.small_size:
+    large = max(sizes, key=sizes.__getitem__, default=None)
+    if not small or large is None or sizes[large] < 2 * cfg.small_size:
         raise TrainfeedError(f"{shown}: --existing needs objects of at least --small-size ({cfg.small_size:,} B) "
                              f"and one of at least twice that; found {len(sizes)} objects, the largest "
                              f"{max(sizes.values(), default=0):,} B")
@@ -154,7 +157,7 @@ def _existing(fs, root: str, cfg: ProbeConfig, shown: str) -> Objects:
     return Objects(small, cfg.small_size, large, large_bytes, f"existing objects ({len(small)} small, 1 large)")
 
 
-Read = Callable[[str, int, int], object]
+Read = Callable[[str, int, int], "Buffer"]
 
 
 def reader(fs) -> Read:
@@ -267,6 +270,7 @@ def measure(fs, objects: Objects, cfg: ProbeConfig, shown: str, log) -> ObjectSt
 def summary(profile: ObjectStore) -> str:
     """The probe's result as a table (stdout)."""
     d = profile.detail
+    assert d is not None, "a probed profile always has the probe's detail"
     lat = d["latency_ms"]
     lines = [f"probe of {d['url']} ({d['objects']})",
              f"GET of {d['small_bytes']:,} B (n={d['small_gets']}): p50 {lat['p50']:.1f} ms, p90 {lat['p90']:.1f} ms, "

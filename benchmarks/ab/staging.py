@@ -77,6 +77,7 @@ def stage_stores(cfg: MatrixConfig, backend: Backend, log: Callable[[str], None]
             failed[name] = redact(exc).replace("pass --image-size HxW", "pass --resize HxW")
             log(f"stage {name}: failed: {failed[name]}")
         else:
+            assert spec.shape is not None, "raw arrays and decoded images have a fixed shape"
             opened[name] = Staged(url, src, tuple(spec.shape), int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize,
                                   storage, stages)
     return list(variants), opened, failed

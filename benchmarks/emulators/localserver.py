@@ -13,7 +13,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 
 def free_port() -> int:
@@ -58,9 +58,12 @@ class LocalServer:
         self.stop()
 
 
-def launch(cls: type[LocalServer], command: Callable[[int, Path], list[str]], *, name: str, error: type[Exception],
-           port: int | None, workdir: Path | None, timeout: float, ready: Callable[[LocalServer], bool] = None,
-           env: dict | None = None) -> LocalServer:
+_Server = TypeVar("_Server", bound=LocalServer)
+
+
+def launch(cls: type[_Server], command: Callable[[int, Path], list[str]], *, name: str, error: type[Exception],
+           port: int | None, workdir: Path | None, timeout: float, ready: Callable[[_Server], bool] | None = None,
+           env: dict | None = None) -> _Server:
     """Start ``command(port, workdir)`` and wait until it listens (and ``ready(server)``);
     ``error`` says clearly why not: the port is taken, the process exited, or it never answered."""
     if port is not None and port_open(port):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, replace
+from typing import TypedDict
 
 from trainfeed.benchmarks.model.catalog import DbuRate, Instance
 from trainfeed.benchmarks.model.cost import (GPU_PROFILES, Workload, cpu_device, gpu_device, machine_of_instance, mark_extremes,
@@ -80,6 +81,7 @@ def node_machine(cells: list[dict], node: str) -> Machine | None:
     cores = mine[0]["env"]["cores"]
     if node == "cpu":
         device = cpu_device(cells)
+        assert device is not None, "mine holds this machine's CPU cells"
     else:
         devices = [device_of(c) for c in mine]
         device = Device(node, 1, statistics.median(d.step_s for d in devices), devices[0].how,
@@ -92,7 +94,8 @@ def node_machine(cells: list[dict], node: str) -> Machine | None:
 def build_advice(cells: list[dict], catalog: list[Instance], dbu: dict[str, DbuRate], plan: Plan,
                  stores: list[str]) -> dict:
     accelerators = calibrated(cells)
-    opts = [o for o in options(plan, stores) if store_layout(cells, o.store) is not None]
+    layouts = {s: layout for s in stores if (layout := store_layout(cells, s)) is not None}
+    opts = [o for o in options(plan, stores) if o.store in layouts]
     batch = next(c for c in cells if c["kind"] == "cell")["batch_size"]
     accs = _with_efficiency(accelerators, plan.scenario)
     headline = []
@@ -102,7 +105,7 @@ def build_advice(cells: list[dict], catalog: list[Instance], dbu: dict[str, DbuR
             measured = {c["store"] for c in cells if c["kind"] == "cell" and c["node"] == node}
             if machine is not None:  # a store whose cell on this node failed is not projected onto it
                 headline.append({"node": node, "machine": machine, "rows": [
-                    projection_row(machine, store_layout(cells, o.store), o.loader, plan.storage, batch, plan.workload)
+                    projection_row(machine, layouts[o.store], o.loader, plan.storage, batch, plan.workload)
                     | {"option": o.label} for o in opts if o.store in measured]})
     else:
         by_name = {i.name: i for i in catalog}
@@ -113,7 +116,7 @@ def build_advice(cells: list[dict], catalog: list[Instance], dbu: dict[str, DbuR
             machine = machine_of_instance(inst, cells, accs, n.cpu_speed)
             if machine is not None:
                 def rows(m: Machine, inst=inst, n=n) -> list[dict]:
-                    return [projection_row(m, store_layout(cells, o.store), o.loader, plan.storage, batch,
+                    return [projection_row(m, layouts[o.store], o.loader, plan.storage, batch,
                                            plan.workload, inst, cpu_speed=n.cpu_speed, dbu=dbu.get(inst.cloud))
                             | {"option": o.label} for o in opts]
                 headline.append({"node": n.name, "instance": inst.name, "machine": machine, "rows": rows(machine),
@@ -123,8 +126,8 @@ def build_advice(cells: list[dict], catalog: list[Instance], dbu: dict[str, DbuR
     speeds = {n.instance: n.cpu_speed for n in plan.scenario.nodes} if plan.scenario else None
     projections = {o.label: project_catalog(cells, catalog, o.store, o.loader, plan.storage, plan.workload,
                                             accelerators=accs, cpu_speeds=speeds, dbu=dbu) for o in opts}
-    for label, rows in projections.items():
-        for r in rows:
+    for label, table in projections.items():
+        for r in table:
             r["option"] = label
     by_store = {o.store: projections[o.label] for o in opts if o.loader == plan.reader}
     encoded = [s for s in stores if any(c["kind"] == "cell" and c["store"] == s and c.get("image_storage") == "encoded"
@@ -154,9 +157,11 @@ def feeds(cells: list[dict], catalog: list[Instance], plan: Plan, opts: list[Opt
         if h["machine"].device.is_gpu:
             devices.setdefault(h["machine"].device.name, h["machine"].device)
     models = dict.fromkeys(i.gpu_model for i in catalog if i.gpus and i.gpu_model in GPU_PROFILES)
-    for gpu in sorted((gpu_device(m, 1, ref, accelerators) for m in models), key=lambda d: -d.step_s):
+    gpus = [gpu for m in models if (gpu := gpu_device(m, 1, ref, accelerators)) is not None]  # all: each has a profile
+    for gpu in sorted(gpus, key=lambda d: -d.step_s):
         devices.setdefault(gpu.name, gpu)  # the catalog's GPUs, slowest first
-    layouts = {o.store: store_layout(cells, o.store) for o in opts}
+    # every option's store has a layout (build_advice kept only those)
+    layouts = {o.store: layout for o in opts if (layout := store_layout(cells, o.store)) is not None}
     return [{"device": d, "feeds": {o.label: feed(d, layouts[o.store], o.loader, plan.storage, ref["batch_size"])
                                     for o in opts}} for d in devices.values()]
 
@@ -187,11 +192,36 @@ def gains(head: dict, plan: Plan) -> dict | None:
             "better_loading_gain": today["seconds"] / better["seconds"] if better and better is not today else None}
 
 
+class ReferenceRow(TypedDict):
+    """One of the scenario's published times beside its projection."""
+
+    node: str
+    store: str
+    projected_s: float | None
+    reference_s: float
+    deviation: float | None
+    source: str
+    bottleneck: str | None
+    usd_per_hour: float | None
+    projected_usd: float | None
+    reference_usd: float | None
+
+
+class Speedup(TypedDict):
+    """On one node: blob time / compacted time, published and projected."""
+
+    node: str
+    published: float
+    projected: float
+    deviation: float
+
+
 def reference(headline: list[dict], plan: Plan) -> dict:
     """The scenario's published times beside the projections, each with its deviation, and the
     speed-ups (blob time / compacted time) on each node, published and projected."""
     sc = plan.scenario
-    rows = []
+    assert sc is not None, "reference() is only asked for a scenario's plan"
+    rows: list[ReferenceRow] = []
     for ref in sc.references:
         head = next((h for h in headline if h["node"] == ref.node), None)
         row = next((r for r in head["rows"] if r["store"] == ref.store
@@ -203,7 +233,8 @@ def reference(headline: list[dict], plan: Plan) -> dict:
                      "bottleneck": row["bottleneck"] if row else None, "usd_per_hour": hourly,
                      "projected_usd": row["usd_per_job"] if row else None,
                      "reference_usd": hourly * ref.seconds / 3600 if hourly else None})
-    speedups, cross = [], []
+    speedups: list[Speedup] = []
+    cross: list[dict] = []
     for node in dict.fromkeys(r["node"] for r in rows):
         check = cross_check(next(h for h in headline if h["node"] == node), [r for r in rows if r["node"] == node], sc)
         if check:
@@ -220,7 +251,7 @@ def reference(headline: list[dict], plan: Plan) -> dict:
             and all(abs(s["deviation"]) <= 0.25 for s in speedups)}
 
 
-def cross_check(head: dict, rows: list[dict], sc: Scenario) -> dict | None:
+def cross_check(head: dict, rows: list[ReferenceRow], sc: Scenario) -> dict | None:
     """Which knob would have to move, and whether the rest of the model holds if it did: when a
     node's compacted run is compute-bound, its published time implies the device's speed (the
     one knob no source here gives); the small files' time is then projected again with that

@@ -126,7 +126,7 @@ class ObjectStore:
     detail: dict | None = None  # probed: latency percentiles, throughput by concurrency, ...
     io_cpu_s_per_gb: dict | None = None  # probed: {"<requests in flight>": CPU-s per GB}; None: IO_CPU_S_PER_GB
 
-    def request_seconds(self, nbytes: int) -> float:
+    def request_seconds(self, nbytes: float) -> float:
         """Modelled duration of one request that returns ``nbytes``."""
         return self.first_byte_ms / 1e3 + nbytes / (self.stream_mb_per_s * 1e6)
 

@@ -159,9 +159,9 @@ def project(machine: Machine, layout: Layout, loader: Loader, storage: ObjectSto
         seconds = compute_s + reading
         # a CPU node cannot compute while its one reader waits on storage; a GPU's host work overlaps it
         floor = host_s + (0.0 if dev.is_gpu else max(io_s, net_s))
-    bottleneck = max(per_sample, key=per_sample.get)
+    bottleneck = max(per_sample, key=per_sample.__getitem__)
     if floor > seconds:  # the vCPUs bind: name their largest consumer
-        seconds, bottleneck = floor, max(cpu, key=cpu.get)
+        seconds, bottleneck = floor, max(cpu, key=cpu.__getitem__)
     return Projection(1 / seconds, bottleneck, limits, serial=not loader.prefetch, host_cpu=cpu)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import cast
 
 from trainfeed.benchmarks.model.catalog import DbuRate, Instance, hourly_cost
 from trainfeed.benchmarks.model.cost import Workload, machine_of_instance, projection_row, store_layout
@@ -44,14 +45,14 @@ def remedies(cells: list[dict], catalog: list[Instance], store: str, decoded: st
     out = []
     for today in sorted(rows, key=lambda r: (r["usd_per_job"] is None, r["usd_per_job"] or 0))[:SHOWN]:
         inst = by_name[today["machine"]]
-        needs = feed(machine_of_instance(inst, cells, accelerators).device, layout, loader, storage, batch,
+        needs = feed(_machine(inst, cells, accelerators).device, layout, loader, storage, batch,
                      today["limits"][COMPUTE])  # every GPU of the instance at its own rate
         need = needs.vcpus
         bigger = _bigger(inst, need, catalog)
         bigger_row = None
         if bigger is not None:  # with enough reader threads: the instance's vCPUs, or what the pipeline needs
             threads = min(bigger.vcpus, max(need, loader.threads))
-            bigger_row = row(machine_of_instance(bigger, cells, accelerators), bigger, threads=threads)
+            bigger_row = row(_machine(bigger, cells, accelerators), bigger, threads=threads)
             bigger_row["workers"] = threads
         decoded_row = next((r for r in projections.get(decoded, []) if r["machine"] == inst.name), None) if decoded else None
         out.append({"today": today, "vcpus_needed": need, "bigger": bigger_row, "decoded": decoded_row,
@@ -64,7 +65,15 @@ def _bigger(inst: Instance, need: int, catalog: list[Instance]) -> Instance | No
     (the instance itself when it has them: then more reader threads are the remedy)."""
     fits = [i for i in catalog if i.cloud == inst.cloud and i.gpu_model == inst.gpu_model and i.gpus == inst.gpus
             and i.vcpus >= need and i.on_demand is not None]
-    return min(fits, key=lambda i: i.on_demand, default=None)
+    return min(fits, key=lambda i: cast(float, i.on_demand), default=None)  # fits are all priced
+
+
+def _machine(inst: Instance, cells: list[dict], accelerators: dict[str, Accelerator] | None) -> Machine:
+    """A GPU instance as the model sees it, for one whose GPU the projections already modelled
+    (an instance of the catalog's projections, or one with the same GPUs)."""
+    machine = machine_of_instance(inst, cells, accelerators)
+    assert machine is not None, f"{inst.name}: its GPU has no profile"
+    return machine
 
 
 def _offload(inst: Instance, needs: Feed, layout, cells, catalog, accelerators, row) -> dict | None:
@@ -79,7 +88,7 @@ def _offload(inst: Instance, needs: Feed, layout, cells, catalog, accelerators, 
     count, worker = min(((max(1, math.ceil(offload_need / w.vcpus)), w) for w in workers),
                         key=lambda kw: (kw[0] * kw[1].on_demand, kw[0] * kw[1].vcpus))
     vcpus = count * worker.vcpus
-    gpu_machine = machine_of_instance(inst, cells, accelerators)
+    gpu_machine = _machine(inst, cells, accelerators)
     machine = replace(gpu_machine, name=f"{inst.name} + {count} x {worker.name}", vcpus=vcpus)
     heavier = replace(layout, cpu_s_per_sample=layout.cpu_s_per_sample * OFFLOAD_CPU_FACTOR)
     projected = row(machine, inst, heavier, threads=vcpus)

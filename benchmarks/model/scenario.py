@@ -5,9 +5,11 @@ scenario asks for here and projects it onto the scenario's nodes with the same m
 every other table (cost.projection_row)."""
 from __future__ import annotations
 
+import builtins
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import overload
 
 from trainfeed.converters.errors import TrainfeedError
 
@@ -140,19 +142,33 @@ class _Getter:
             raise TrainfeedError(f"{self.path}: {key} must be {what}, got {value!r}")
         return value
 
-    def str(self, key: str) -> str:
+    # The methods below are named after the types they return, which they shadow inside the class:
+    # their annotations name the built-in types as builtins.*.
+    def str(self, key: builtins.str) -> builtins.str:
         return self._typed(key, (str,), "a string")
 
-    def bool(self, key: str) -> bool:
+    def bool(self, key: builtins.str) -> builtins.bool:
         return self._typed(key, (bool,), "true or false")
 
-    def int(self, key: str) -> int:
+    def int(self, key: builtins.str) -> builtins.int:
         value = self._typed(key, (int,), "a whole number")
         if value < 1:
             raise TrainfeedError(f"{self.path}: {key} must be at least 1, got {value}")
         return value
 
-    def float(self, key: str, *, zero_ok: bool = False, default=_MISSING) -> float | None:
+    @overload
+    def float(self, key: builtins.str, *, zero_ok: builtins.bool = False) -> builtins.float: ...
+
+    @overload
+    def float(self, key: builtins.str, *, zero_ok: builtins.bool = False,
+              default: builtins.float) -> builtins.float: ...
+
+    @overload
+    def float(self, key: builtins.str, *, zero_ok: builtins.bool = False,
+              default: None) -> builtins.float | None: ...
+
+    def float(self, key: builtins.str, *, zero_ok: builtins.bool = False,
+              default: object = _MISSING) -> builtins.float | None:
         value = self._typed(key, (int, float), "a number", default)
         if value is None:
             return None
@@ -160,7 +176,7 @@ class _Getter:
             raise TrainfeedError(f"{self.path}: {key} must be {'at least 0' if zero_ok else 'above 0'}, got {value}")
         return float(value)
 
-    def list(self, key: str, required: bool = True) -> list:
+    def list(self, key: builtins.str, required: builtins.bool = True) -> builtins.list:
         value = self._get(key, self._MISSING if required else [])
         if not isinstance(value, list) or required and not value:
             raise TrainfeedError(f"{self.path}: {key} must be a non-empty list")

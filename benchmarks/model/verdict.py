@@ -132,6 +132,8 @@ def _advice(cell: dict, proj: Projection) -> dict:
                 f"per sample on {min(loader.threads, cores)} thread(s) -> {proj.samples_per_s:,.0f} samples/s, "
                 f"the device takes {device:,.0f}; needs ~{reading} vCPUs busy reading per device (more --workers on "
                 "more vCPUs), or offload preprocessing to CPU workers"}
+    # what is left (the client's I/O CPU, latency, bandwidth) binds only when storage is modelled
+    assert storage is not None, f"{b}-bound without a storage profile"
     if b == IO_CPU:
         return io_cpu_verdict(need, storage, cores, proj.samples_per_s)
     flight = in_flight(loader, storage) if storage else loader.concurrency

@@ -8,6 +8,7 @@ import itertools
 import re
 
 import matplotlib
+from matplotlib.artist import Artist
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
@@ -114,7 +115,7 @@ def utilization(cells: dict, stores: list[str], nodes: list[str], fw: str) -> st
             ax.set_gid(re.sub(r"[^\w.-]", "_", f"utilization-{s}-{n}-{fw}"))  # an XML id: node@cluster -> node_cluster
             cell = cells.get((s, n, fw))
             points = cell["real"].get("utilization_timeline") if cell else None
-            if points:
+            if cell and points:
                 _plot_timeline(ax, points, cell["env"]["cores"])
             else:
                 ax.text(0.5, 0.5, "no samples" if cell else "not measured", ha="center", va="center",
@@ -125,7 +126,7 @@ def utilization(cells: dict, stores: list[str], nodes: list[str], fw: str) -> st
                 ax.set_xlabel("time (s)")
             if k == 0:
                 ax.set_ylabel("%")
-    legend = {}  # one legend for all panels: the same lines in each
+    legend: dict[str, Artist] = {}  # one legend for all panels: the same lines in each
     for ax in fig.axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             legend.setdefault(label, handle)

@@ -550,7 +550,7 @@ def _effects(cells, locations, same_storage: bool) -> list[str]:
     lines = ["## Layout effect and location effect", ""]
     compacted = {s: r for s, r in rate.items() if s != "blob"}
     if compacted and "blob" in rate:
-        best = max(compacted, key=compacted.get)
+        best = max(compacted, key=compacted.__getitem__)
         short = next(((s, why) for s in ("blob", best) if (why := too_short(ingest[s]))), None)
         any_cell = next(iter(cells.values()))
         name = ("Layout effect** (compacted vs small files, both on "

@@ -103,6 +103,7 @@ def _load_copy() -> SimpleNamespace:
             shutil.copyfile(_obstore.__file__, copy)
             loader = importlib.machinery.ExtensionFileLoader(_obstore.__name__, copy)
             spec = importlib.util.spec_from_file_location(_obstore.__name__, copy, loader=loader)
+            assert spec is not None  # None only when no loader is known for the path; one is given
             module = importlib.util.module_from_spec(spec)
             loader.exec_module(module)
             break
@@ -121,7 +122,7 @@ def _load_copy() -> SimpleNamespace:
 class _Errors:
     """``errors.PreconditionError``: that class of every library loaded here, as a tuple."""
 
-    def __getattr__(self, name: str) -> tuple[type[BaseException], ...]:
+    def __getattr__(self, name: str) -> tuple[type[Exception], ...]:
         return tuple(getattr(lib.exceptions, name) for lib in list(_loaded))
 
 

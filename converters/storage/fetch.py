@@ -277,7 +277,7 @@ class Fetcher:
         if isinstance(pending, Span):
             return pending
         parts = [f.result() for f in pending]
-        if self.cache is not None:
+        if self._writer is not None:  # there is one exactly when there is a cache
             self._writer.offer(self._cache_key(path, start, end), parts)
         return Span(start, parts)
 

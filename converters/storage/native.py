@@ -155,7 +155,7 @@ class NativeFileSystem(AbstractFileSystem):
             if re.search(r"NoSuchBucket|ContainerNotFound", str(exc)):
                 raise BucketNotFound(bucket_not_found(self.unstrip_protocol(path))) from None
             raise FileNotFoundError(f"{self.unstrip_protocol(path)}: not found") from None
-        except (*errors.PermissionDeniedError, *errors.UnauthenticatedError, PermissionError) as exc:
+        except errors.PermissionDeniedError + errors.UnauthenticatedError + (PermissionError,) as exc:
             raise AccessDenied(f"{self.unstrip_protocol(path)}: access denied: the credentials were refused or "
                                f"have expired ({_first_line(exc)})") from None
         except FileExistsError:
@@ -181,8 +181,8 @@ class NativeFileSystem(AbstractFileSystem):
                 if re.search(r"NoSuchBucket|ContainerNotFound", full):
                     raise BucketNotFound(bucket_not_found(self.unstrip_protocol(path))) from None
                 raise FileNotFoundError(f"{self.unstrip_protocol(path)}: not found (HTTP 404)") from None
-            cause = re.search(r"<Code>([^<]{1,80})</Code>", full)
-            cause = f" ({cause.group(1)})" if cause else ""
+            found = re.search(r"<Code>([^<]{1,80})</Code>", full)
+            cause = f" ({found.group(1)})" if found else ""
             retried = code.startswith("5") or code in ("408", "429")  # what the client retries with backoff
             limit = f"call_timeout={self.deadline:g} s" if self.deadline else "no call_timeout"
             tail = (f", retried for {time.monotonic() - began:.0f} s ({limit}; --storage-option "
@@ -200,7 +200,7 @@ class NativeFileSystem(AbstractFileSystem):
             return b""
         if identity is None or not (identity.etag or identity.version):
             return self._run(path, library().get_range, store, key, start=start, end=end)
-        options = {"range": (start, end)}
+        options: dict[str, object] = {"range": (start, end)}
         if identity.etag:
             options["if_match"] = f'"{identity.etag}"'
         if identity.version:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from contextlib import closing
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -23,16 +23,20 @@ from trainfeed.training.reading.prefetch import Prefetcher
 from trainfeed.training.reading.readers import Batch, iter_batches
 
 
-class Framework(Protocol):
+#: A batch as one framework's step takes it (``to_inputs`` makes it, ``step`` takes it).
+Inputs = TypeVar("Inputs")
+
+
+class Framework(Protocol[Inputs]):
     """What the loop needs from PyTorch or TensorFlow. Built for one run: the model and its
     optimizer exist once the object does (seeded by ``cfg.seed``)."""
 
     def parameters(self) -> dict[str, int]: ...
 
-    def to_inputs(self, batch: Batch) -> object:
+    def to_inputs(self, batch: Batch) -> Inputs:
         """The batch as the step takes it; runs in the prefetch thread (e.g. pinned tensors)."""
 
-    def step(self, inputs: object) -> tuple[float, int]:
+    def step(self, inputs: Inputs) -> tuple[float, int]:
         """One optimizer step, finished on the device when it returns: (loss, correct predictions)."""
 
     def predict(self, x: np.ndarray) -> np.ndarray:
@@ -46,7 +50,7 @@ class Framework(Protocol):
         """Write a checkpoint to ``cfg.checkpoint_dir`` (a kill mid-save keeps the previous one)."""
 
 
-def framework(cfg: TrainConfig, p: Plan) -> Framework:
+def framework(cfg: TrainConfig, p: Plan) -> Framework[Any]:
     if cfg.framework == "tf":
         from trainfeed.training.loops.loop_tf import TensorFlow
 
@@ -106,8 +110,9 @@ def train(cfg: TrainConfig) -> dict:
     extra = {"parameters": fw.parameters(), "train_accuracy": round(correct / seen, 4) if seen else None,
              "preempted": preempted, "resumed_from_step": start.global_step if cfg.resume else None,
              "global_step": global_step, "run_seconds": round(time.perf_counter() - t_start, 3)}
-    if getattr(fw, "threads", None):
-        extra["torch_threads"] = fw.threads
+    threads = getattr(fw, "threads", None)
+    if threads:
+        extra["torch_threads"] = threads
     if p.eval_store is not None and not preempted and p.rank == 0:
         extra["eval"] = evaluate(cfg, p, fw)
     summary = summarize(cfg, p, timer, util, extra)
@@ -124,7 +129,7 @@ def _batches(cfg: TrainConfig, p: Plan, epoch: int, first: int):
     return iter_batches(p.store, p.reader, epoch, start_batch=first)  # a resume reads no earlier piece
 
 
-def _start(cfg: TrainConfig, p: Plan, fw: Framework, signature: str | None) -> Position:
+def _start(cfg: TrainConfig, p: Plan, fw: Framework[Any], signature: str | None) -> Position:
     """Where this run begins: the checkpoint's position with --resume, else the first step."""
     if not cfg.resume or signature is None:
         return Position()
@@ -137,8 +142,9 @@ def _start(cfg: TrainConfig, p: Plan, fw: Framework, signature: str | None) -> P
     return found
 
 
-def evaluate(cfg: TrainConfig, p: Plan, fw: Framework) -> dict:
+def evaluate(cfg: TrainConfig, p: Plan, fw: Framework[Any]) -> dict:
     """Accuracy on the held-out store (every sample once, no shuffling)."""
+    assert p.eval_store is not None, "evaluated only with --eval-data"
     correct = total = 0
     for batch in iter_batches(p.eval_store, eval_options(cfg, p.store.spec.name)):
         correct += int((fw.predict(as_model_input(batch, p.input_shape)) == batch.y).sum())

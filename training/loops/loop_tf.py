@@ -109,6 +109,7 @@ class TensorFlow:
         """The CheckpointManager over --checkpoint-dir; the marker and ``signature`` are tensors in it."""
         import tensorflow as tf
 
+        assert self.cfg.checkpoint_dir is not None, "the loop restores and saves only with a --checkpoint-dir"
         if self._manager is None:
             os.makedirs(self.cfg.checkpoint_dir, exist_ok=True)
             self._signature = tf.Variable(signature)
@@ -121,6 +122,7 @@ class TensorFlow:
         import tensorflow as tf
 
         manager = self._checkpoints(signature)
+        assert self.cfg.checkpoint_dir is not None, "the loop restores only with a --checkpoint-dir"
         latest = _latest_checkpoint(self.cfg.checkpoint_dir, manager)
         if latest is None:
             return None

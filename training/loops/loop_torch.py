@@ -121,7 +121,7 @@ class Torch:
             torch.cuda.set_device(self.device)
             torch.backends.cudnn.benchmark = True
         self.net = build(p.input_shape, 1 if p.num_classes == 2 else p.num_classes, cfg.width).to(self.device)
-        self.model = self.net
+        self.model: torch.nn.Module = self.net
         if p.world > 1:
             import torch.distributed as dist
 
@@ -164,6 +164,7 @@ class Torch:
         return _predict(self.net(_as_float(torch.from_numpy(x).to(self.device)))).cpu().numpy()
 
     def restore(self, signature: str) -> Position | None:
+        assert self.checkpoint is not None, "the loop restores only with a --checkpoint-dir"
         if not self.checkpoint.exists():
             return None
         state = _load(self.checkpoint, self.device)
@@ -176,6 +177,7 @@ class Torch:
     def save(self, position: Position, signature: str) -> None:
         if not self.writes_checkpoint:
             return
+        assert self.checkpoint is not None, "the loop saves only with a --checkpoint-dir"
         self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
         _save(self.checkpoint, {"model": self.net.state_dict(), "optimizer": self.optimizer.state_dict(),
                                 "scaler": self.scaler.state_dict(), "epoch": position.epoch,

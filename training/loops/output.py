@@ -40,10 +40,12 @@ class RunFiles:
 
 def summarize(cfg: TrainConfig, p: Plan, timer: StepTimer, util: UtilizationSampler, extra: dict) -> dict:
     """summary.json: redacted, as it is written to a file and printed (--json)."""
+    sample_shape = p.store.sample_spec.shape
+    assert sample_shape is not None, "plan() accepts only stores of a fixed sample shape"
     return redact_obj({
         "framework": cfg.framework, "device": cfg.device, "store": p.store.path, "format": p.store.fmt,
         "delta_version": p.store.version, "field": p.store.spec.name,
-        "sample_shape": list(p.store.sample_spec.shape),
+        "sample_shape": list(sample_shape),
         "batch_size": cfg.batch_size, "steps_per_epoch": p.steps_per_epoch, "epochs": cfg.epochs,
         "rank": p.rank, "world_size": p.world, "num_classes": p.num_classes,
         **timer.summary(), "utilization": util.summary(), "environment": environment(),

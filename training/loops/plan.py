@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
+from trainfeed.converters.layout import FieldSpec
 from trainfeed.training.config import TrainConfig, distributed_env
 from trainfeed.training.reading.readers import check_sharding, label_bounds, open_store
 from trainfeed.training.reading.store import Batch, ReaderOptions, Store
@@ -48,7 +49,7 @@ def plan(cfg: TrainConfig) -> Plan:
     store = open_store(cfg.data, cfg.fmt, opts)
     if cfg.image_size is not None and store.images is None:
         raise UsageError(f"--image-size applies to encoded images (JPEG/PNG); {store.path} holds "
-                         f"{store.spec.dtype} arrays of shape {tuple(store.spec.shape)}")
+                         f"{store.spec.dtype} arrays of shape {_shape(store.spec)}")
     if cfg.data_service:
         from trainfeed.training.reading.service_input import check_reachable, check_store
 
@@ -63,13 +64,20 @@ def plan(cfg: TrainConfig) -> Plan:
     num_classes = classes(cfg, store)
     p = Plan(store, opts, steps, num_classes, input_shape, rank, world)
     spec = store.sample_spec
-    if len(input_shape) == 3 and len(spec.shape) == 3 and store.images is None and spec.name != "image":
-        p.notes.append(f"{store.path}: field {spec.name!r} holds samples of shape {tuple(spec.shape)}, read as images "
-                       f"(H, W, C) = {tuple(spec.shape)} by the 2D ResNet; a volume is (X, Y, Z, C): give its "
+    if len(input_shape) == 3 and len(_shape(spec)) == 3 and store.images is None and spec.name != "image":
+        p.notes.append(f"{store.path}: field {spec.name!r} holds samples of shape {_shape(spec)}, read as images "
+                       f"(H, W, C) = {_shape(spec)} by the 2D ResNet; a volume is (X, Y, Z, C): give its "
                        "samples a channel axis to train the 3D one")
     if cfg.eval_data:
         p.eval_store = open_eval_store(cfg, p)
     return p
+
+
+def _shape(spec: FieldSpec) -> tuple[int, ...]:
+    """The shape of a field that has a fixed one: raw arrays (an image store's samples are
+    decoded to one size), and every store ``model_input_shape`` accepted."""
+    assert spec.shape is not None, f"field {spec.name!r} has no fixed shape"
+    return tuple(spec.shape)
 
 
 def classes(cfg: TrainConfig, store: Store) -> int:
@@ -127,12 +135,13 @@ def as_model_input(batch: Batch, shape: tuple[int, ...]) -> np.ndarray:
 def open_eval_store(cfg: TrainConfig, p: Plan) -> Store:
     """The --eval-data store, refused before training unless the trained model can score it:
     same field, sample shape and dtype, labeled, labels within the model's classes."""
+    assert cfg.eval_data is not None, "opened only with --eval-data"
     store = open_store(cfg.eval_data, None, eval_options(cfg, p.store.spec.name))
     shape, train, held_out = model_input_shape(store, cfg), p.store.sample_spec, store.sample_spec
     if shape != p.input_shape or held_out.dtype != train.dtype:
         raise TrainfeedError(f"{cfg.eval_data}: --eval-data field {held_out.name!r} holds {held_out.dtype} "
-                             f"samples of shape {tuple(held_out.shape)}; the model trains on {train.dtype} "
-                             f"samples of shape {tuple(train.shape)} from --data"
+                             f"samples of shape {_shape(held_out)}; the model trains on {train.dtype} "
+                             f"samples of shape {_shape(train)} from --data"
                              + (f"; {'--image-size HxW' if cfg.cli else 'image_size=(H, W)'} decodes both to one size" if store.images and p.store.images
                                 and not cfg.image_size else ""))
     check_label_maps(p.store, store)

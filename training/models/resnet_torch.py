@@ -38,8 +38,8 @@ class ResNet18(nn.Module):
         stages = tuple(width * m for m in (1, 2, 4, 8))
         conv, norm = (nn.Conv3d, nn.BatchNorm3d) if dims == 3 else (nn.Conv2d, nn.BatchNorm2d)
         if dims == 3:
-            stem = nn.Conv3d(in_channels, width, (3, 7, 7), stride=(1, 2, 2), padding=(1, 3, 3), bias=False)
-            layers = [stem, norm(width), nn.ReLU(inplace=True)]
+            stem: nn.Module = nn.Conv3d(in_channels, width, (3, 7, 7), stride=(1, 2, 2), padding=(1, 3, 3), bias=False)
+            layers: list[nn.Module] = [stem, norm(width), nn.ReLU(inplace=True)]
         else:
             stem = nn.Conv2d(in_channels, width, 7, stride=2, padding=3, bias=False)
             layers = [stem, norm(width), nn.ReLU(inplace=True), nn.MaxPool2d(3, stride=2, padding=1)]

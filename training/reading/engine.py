@@ -110,7 +110,7 @@ class Recycler:
             block = blocks.pop() if blocks else None
         if block is None:
             block = np.empty(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, np.uint8)
-        flat = np.frombuffer(memoryview(block), dtype=dtype)  # its base: the memoryview, not an array
+        flat = np.frombuffer(block.data, dtype=dtype)  # its base: the memoryview (.data), not an array
         weakref.finalize(flat, self._give_back, key, block)
         return flat.reshape(shape)
 
@@ -177,6 +177,7 @@ def run_epoch(plan: EpochPlan, piece_rows: Sequence[int], read: Callable[[int, d
     told_lock = threading.Lock()
 
     def tell(upto: int) -> None:
+        assert upcoming is not None  # only called when there is someone to tell
         with told_lock:  # told before any thread reads them: no piece is requested twice
             first, told[0] = told[0], max(told[0], min(len(todo), upto))
             for pos in range(first, told[0]):

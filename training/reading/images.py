@@ -18,7 +18,7 @@ import hashlib
 import io
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, cast
 
 import numpy as np
 from PIL import Image
@@ -75,7 +75,8 @@ def plan(spec: FieldSpec, image_size: tuple[int, int] | None, first: Callable[[]
             raise TrainfeedError(f"{where}: image {sample_id!r} is a 16-bit colour PNG: Pillow decodes it to 8 bits "
                                  "per channel, so it cannot be trained on at its depth")
     fixed = image_size is not None or spec.shape is not None
-    return Decoding(tuple(image_size or (height, width)), channels, spec.dtype, fixed, first_name)
+    size = cast("tuple[int, int]", tuple(image_size or (height, width)))  # (H, W), whether given as a tuple or a list
+    return Decoding(size, channels, spec.dtype, fixed, first_name)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import os
 import queue
 import threading
 import warnings
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -49,10 +49,12 @@ def _reader(store: Store, opts: ReaderOptions, epoch: int, pool: str, workers: i
 
 def _decode_rows(rb, spec: FieldSpec) -> tuple[list, np.ndarray, np.ndarray | list]:
     values = getattr(rb, spec.name)
+    x: np.ndarray | list
     if len(values) and isinstance(values[0], bytes):
         # views into Petastorm's bytes objects: the one copy happens when a batch is stacked
         x = [decode_tensor(v, spec) for v in values]
     else:
+        assert spec.shape is not None, "a field of arrays has a fixed shape"
         x = np.asarray(np.stack(values) if values.dtype == object else values, dtype=spec.dtype)
         x = x.reshape((len(values), *spec.shape))
     return list(getattr(rb, ID)), labels_array(getattr(rb, LABEL)), x
@@ -67,10 +69,10 @@ def _drain(reader, spec: FieldSpec) -> Iterator[tuple]:
         reader.join()
 
 
-def _merge_in_threads(sources: list[Callable[[], Iterator]], depth: int = 4) -> Iterator:
+def _merge_in_threads(sources: Sequence[Callable[[], Iterator]], depth: int = 4) -> Iterator:
     """Items of several iterators, each drained ahead by its own thread, taken round-robin:
     the merged order is as deterministic as the sources are."""
-    queues = [queue.Queue(maxsize=depth) for _ in sources]
+    queues: list[queue.Queue] = [queue.Queue(maxsize=depth) for _ in sources]
     stop = threading.Event()
     done = object()
 

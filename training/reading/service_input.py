@@ -110,6 +110,7 @@ def dataset(store: Store, opts: ReaderOptions, epoch: int):
 
     paths, y, ids = source(store, opts, epoch)
     decoding = store.images
+    assert decoding is not None, "check_store() lets only image stores through"
     height, width = decoding.size
     augment = opts.augment
 
