@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import fsspec
 
@@ -27,7 +27,7 @@ def load_sample(fs: fsspec.AbstractFileSystem, kind: str, src: SourceFile, label
     return Sample(src.id, labels.get(src.id), fields, nbytes_in)
 
 
-def ordered_map(fn: Callable, items: list, workers: int, window_per_worker: int = 4) -> Iterator:
+def ordered_map(fn: Callable, items: Iterable, workers: int, window_per_worker: int = 4) -> Iterator:
     """fn(item) for each item, in order, ``workers`` at a time; exceptions are returned, not raised."""
 
     def call(item):
