@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 REPO = Path(__file__).resolve().parents[3]
 SHAPE = (4, 4, 2)  # float32: 128 bytes a sample
 N = 56  # 7 row groups of 8: DataLoader workers get uneven shares
-TIMEOUT = 120  # seconds a DataLoader may wait for one batch; a hang fails the test
+TIMEOUT = 300  # seconds a DataLoader may wait for a batch (spawn: each worker imports torch first); a hang fails
 
 
 @pytest.fixture(scope="module")
