@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from fsspec.exceptions import FSTimeoutError
 from fsspec.spec import AbstractFileSystem
 
 from trainfeed.converters.errors import TrainfeedError

@@ -171,7 +171,7 @@ def test_images_resized_and_encoded_decode_to_the_new_size(tmp_path, images, con
     assert convert_cli(src, dst, "--to", "hdf5", "--resize", "16x20", "--verify").exit_code == 0
     schema = hdf5.read_schema(dst)
     assert schema.field("image").shape == (16, 20, 3) and schema.field("image").encoding == "image"
-    for sid, _, fields in hdf5.read_samples(dst):
+    for _, _, fields in hdf5.read_samples(dst):
         with Image.open(io.BytesIO(fields["image"])) as img:
             assert img.size == (20, 16) and img.format == "JPEG"
 

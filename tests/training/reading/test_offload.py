@@ -39,7 +39,7 @@ def serve(*args: str) -> subprocess.Popen:
 
 def wait_serving(proc: subprocess.Popen) -> None:
     line = proc.stdout.readline()  # the server prints this one line once it serves (TF logs go to stderr)
-    assert "serving" in line, f"server exited with {proc.wait()}" 
+    assert "serving" in line, f"server exited with {proc.wait()}"
 
 
 @pytest.fixture(scope="module")
