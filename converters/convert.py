@@ -17,7 +17,7 @@ from trainfeed.converters.interrupt import SafeInterrupts
 from trainfeed.converters.errors import SampleError, TrainfeedError, UsageError
 from trainfeed.converters.sources.labels import Labels, resolve_labels
 from trainfeed.converters.layout import DatasetSchema
-from trainfeed.converters.storage.location import Location, as_location, check_delta_url, check_url, is_remote, locate
+from trainfeed.converters.storage.location import Location, as_location, check_url, is_remote, locate
 from trainfeed.converters.formats.options import WriteOptions, WriteResult
 from trainfeed.converters.redact import redact_json, redact_url
 from trainfeed.converters.sources.samples import SchemaGuard, load_sample, ordered_map
@@ -56,9 +56,10 @@ def check_config(cfg: ConvertConfig) -> None:
     if cfg.on_error not in ON_ERROR:
         raise UsageError(f"--on-error must be 'fail' or 'skip', not {cfg.on_error!r}")
     check_compression(cfg.fmt, cfg.write.compression, cfg.write.compression_level)
-    if cfg.write.mode == "append" and cfg.fmt != "delta":
+    versioned = FORMATS[cfg.fmt].versioned  # a versioned table (Delta): its commits make appends atomic
+    if cfg.write.mode == "append" and not versioned:
         raise UsageError("--mode append works only with --to delta (Delta commits make appends atomic)")
-    if (cfg.optimize or cfg.vacuum_hours is not None) and cfg.fmt != "delta":
+    if (cfg.optimize or cfg.vacuum_hours is not None) and not versioned:
         raise UsageError("--optimize and --vacuum-hours apply to --to delta only")
     if cfg.vacuum_hours is not None and cfg.vacuum_hours < 0:
         raise UsageError(f"--vacuum-hours must be 0 or more, not {cfg.vacuum_hours}")
@@ -231,15 +232,17 @@ def _publish_remote(dst: Location, cfg: ConvertConfig, schema: DatasetSchema, ba
                     check: Callable[[Location, bool], dict | None],
                     interrupts: SafeInterrupts) -> tuple[WriteResult, dict | None]:
     """A new store on object storage. Delta: parts uploaded as written, then one commit (a
-    failed check removes the new table). Parquet, HDF5: written to a local temporary folder
+    failed check removes the new table): a versioned format commits in place. Parquet, HDF5:
+    written to a local temporary folder
     (each part uploaded as it is complete), then published with the commit record last (see
     converters/publish.py). Ctrl-C or SIGTERM before the commit record (the Delta commit),
     uploads still pending included, publishes nothing and removes what this run uploaded."""
     overwrite = cfg.write.mode == "overwrite"
     verify = (lambda loc: check(loc, True)) if cfg.verify else None
-    if cfg.fmt == "delta":
+    fmt = FORMATS[cfg.fmt]
+    if fmt.versioned:  # its log commits it in place
         result = delta.write(dst, schema, batches, replace(cfg.write, mode="create"), publishing=interrupts.publishing)
-        ours = {"_delta_log", *(f.rsplit("/", 1)[-1] for f in result.files)}
+        ours = {record for record in (fmt.commit_record,) if record} | {f.rsplit("/", 1)[-1] for f in result.files}
         try:
             verified = verify(dst) if verify else None
         except BaseException:
@@ -250,7 +253,7 @@ def _publish_remote(dst: Location, cfg: ConvertConfig, schema: DatasetSchema, ba
     with tempfile.TemporaryDirectory(prefix="trainfeed-stage-") as tmp:
         staged = Path(tmp) / dst.name  # keeps a single-file HDF5 store's suffix
         with publish.uploader(dst, staged) as parts:
-            result = FORMATS[cfg.fmt].write(staged, schema, batches, replace(cfg.write, mode="create"), on_part=parts)
+            result = fmt.write(staged, schema, batches, replace(cfg.write, mode="create"), on_part=parts)
             interrupts.check()
             result.files, verified = publish.publish(staged, dst, overwrite, verify, parts, interrupts.publishing)
     return result, verified
@@ -266,8 +269,7 @@ def convert(cfg: ConvertConfig, progress: ProgressFn | None = None,
     check_config(cfg)
     for url in (cfg.src, cfg.dst, cfg.labels_csv):  # every URL means one place, checked before any work
         check_url(url)
-    if cfg.fmt == "delta":
-        check_delta_url(cfg.dst)
+    FORMATS[cfg.fmt].check_url(cfg.dst)
     t0 = time.perf_counter()
     if is_remote(cfg.dst):
         return _convert_to_storage(cfg, t0, progress, on_listed)
@@ -312,7 +314,7 @@ def _convert(cfg: ConvertConfig, dst: Location, t0: float, progress: ProgressFn 
     if on_listed:
         on_listed(len(listing.files), sum(f.size for f in listing.files))
     # Delta overwrites and appends are commits to the table in place; the rest is staged.
-    table = _existing_table(dst) if cfg.fmt == "delta" and existing == "delta" else None
+    table = _existing_table(dst) if FORMATS[cfg.fmt].versioned and existing == cfg.fmt else None
     appending = table is not None and cfg.write.mode == "append"
     if appending:
         labels = _labels_for_append(dst.shown, table.schema, labels)

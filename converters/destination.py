@@ -62,13 +62,13 @@ def check_destination(path, mode: str) -> str | None:
     if found is None or found.leftovers:
         return None  # append to nothing creates the table; a killed run's leftovers are replaced
     if mode == "append":
-        if found.fmt != "delta":
+        if found.format is None or not found.format.versioned:
             raise TrainfeedError(f"{dst}: --mode append adds to a Delta table written by trainfeed; found {found.what}")
         return found.fmt
     if mode == "create":
         if not found.replaceable:
             raise TrainfeedError(f"{dst}: destination already exists ({found.what}); leaving it untouched")
-        extra = " or --mode append" if found.fmt == "delta" else ""
+        extra = " or --mode append" if found.format is not None and found.format.versioned else ""
         raise TrainfeedError(f"{dst}: destination already exists; pass --overwrite{extra} to replace it")
     if not found.replaceable:
         raise TrainfeedError(f"{dst}: {found.what}; refusing to replace it (--overwrite replaces only a store "

@@ -32,7 +32,7 @@ from trainfeed.converters.errors import TrainfeedError
 from trainfeed.converters.layout import MANIFEST
 from trainfeed.converters.storage.config import AZURE, object_store_options
 from trainfeed.converters.storage.location import Location
-from trainfeed.converters.formats.registry import RUN_PART, identify
+from trainfeed.converters.formats.registry import COMMIT_RECORDS, PART, RUN_PART, identify
 from trainfeed.converters.storage.upload import Uploader
 
 Check = Callable[[Location], "dict | None"]
@@ -80,7 +80,8 @@ def _recheck(dst: Location, overwrite: bool, ours: AbstractSet[str] = frozenset(
         what = found.what if found else "new objects"
         raise TrainfeedError(f"{dst.shown}: the destination changed while this run was writing ({what}); "
                              "leaving it untouched, nothing published")
-    return dst.read_bytes(MANIFEST) if found.fmt != "delta" and dst.exists(MANIFEST) else None
+    manifested = found.format is None or found.format.commit_record == MANIFEST  # not a log's table
+    return dst.read_bytes(MANIFEST) if manifested and dst.exists(MANIFEST) else None
 
 
 def _publish_folder(staged: Path, dst: Location, overwrite: bool, verify: Check | None, renamed: dict[str, str],
@@ -127,6 +128,8 @@ def _publish_file(staged: Path, dst: Location, overwrite: bool, verify: Check | 
 
 
 def _tagged(name: str, run: str) -> str:
+    """``part-00000.parquet`` -> ``part-00000-<run>.parquet``: the names each format's
+    ``run_part_names`` matches (registry.RUN_PART: what a killed run left)."""
     stem, dot, suffix = name.rpartition(".")
     return f"{stem}-{run}{dot}{suffix}"
 
@@ -144,7 +147,7 @@ def remove_stale(dst: Location, keep: set[str]) -> None:
     """In a folder that is trainfeed's, delete the data files, manifest and Delta log that the
     store now at ``dst`` does not use (the replaced generation or layout, a killed run's
     leftovers); ``keep``: the names it uses. Only names trainfeed writes are touched."""
-    remove(dst, [n for n in _names(dst) - keep if _PART.fullmatch(n) or n in (MANIFEST, "_delta_log")])
+    remove(dst, [n for n in _names(dst) - keep if PART.fullmatch(n) or n in COMMIT_RECORDS])
 
 
 #: An HDF5 file's ``--verify`` trial copy: ``DST.trainfeed-tmp-<run>``, beside DST.
@@ -205,6 +208,3 @@ def _remove_uncommitted_blobs(dst: Location, trial: re.Pattern) -> None:
             blob_client.commit_block_list([])
             blob_client.delete_blob()
 
-
-#: The data files trainfeed writes into folder stores: with or without a run tag, and Delta's.
-_PART = re.compile(rf"(part|shard)-\d{{5}}\.(parquet|h5)|{RUN_PART.pattern}")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from trainfeed.converters.formats import delta, parquet
+from trainfeed.converters.formats import delta
 from trainfeed.converters.cli_common import parse_storage_options
 from trainfeed.converters.commit import DestinationLock, Staging
 from trainfeed.converters.convert import source_location, write_rejects_report
@@ -32,6 +32,7 @@ from trainfeed.converters.destination import check_apart, check_destination, des
 from trainfeed.converters.errors import SampleError, TrainfeedError, UsageError
 from trainfeed.converters.sources.labels import Labels, resolve_labels
 from trainfeed.converters.layout import DatasetSchema, arrow_schema
+from trainfeed.converters.formats.manifest import WRITER, write_manifest
 from trainfeed.converters.formats.options import WriteOptions, parse_size
 from trainfeed.converters.redact import redact
 from trainfeed.converters.sources.samples import SchemaGuard, load_sample
@@ -155,8 +156,7 @@ def _repack_to_folder(args: argparse.Namespace, dst: Path, spark) -> dict:
         staged = _stage(args, staging.path, spark)
         staged.schema.samples = sum(p["rows"] for p in staged.parts)
         if args.to == "parquet":
-            parquet.write_manifest(staging.path, "parquet", staged.schema, staged.parts,
-                                   writer=f"{parquet.WRITER} (spark)")
+            write_manifest(staging.path, args.to, staged.schema, staged.parts, writer=f"{WRITER} (spark)")
         else:
             delta.create_table(staging.path, [delta.describe_part(staging.path, p["file"]) for p in staged.parts],
                                staged.schema, args.tensor_column)
@@ -170,7 +170,7 @@ def _repack_to_folder(args: argparse.Namespace, dst: Path, spark) -> dict:
 def _repack_to_delta_path(args: argparse.Namespace, dst: Path, found: str | None, spark) -> dict:
     """Databricks: delta-spark writes the staged parts as the Delta table at DST, replacing a
     trainfeed Delta table there with Delta's own atomic overwrite (a new version)."""
-    if found not in (None, "delta"):
+    if found not in (None, args.to):
         raise TrainfeedError(f"{dst}: holds a trainfeed {found} store, which Delta's overwrite would not remove; "
                              "delete it or choose another --dst")
     with Staging(dst) as staging:  # never committed: only the parts' folder, removed afterwards

@@ -9,6 +9,7 @@ from typing import Literal, get_args
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.formats.foreign import ForeignSchema
+from trainfeed.converters.formats.registry import FORMATS
 
 Framework = Literal["torch", "tf"]
 Device = Literal["cpu", "cuda"]
@@ -86,7 +87,8 @@ def check(cfg: TrainConfig) -> None:
         raise UsageError("--resume needs --checkpoint-dir")
     if cfg.checkpoint_every < 0:
         raise UsageError("--checkpoint-every must be 0 or more")
-    if cfg.delta_version is not None and cfg.fmt not in (None, "delta"):
+    named = FORMATS.get(cfg.fmt) if cfg.fmt is not None else None
+    if cfg.delta_version is not None and cfg.fmt is not None and not (named and named.versioned):
         raise UsageError("--delta-version applies to Delta tables only")
     if cfg.delta_version is not None and cfg.delta_version < 0:
         raise UsageError(f"--delta-version must be 0 or more, not {cfg.delta_version}")

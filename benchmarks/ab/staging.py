@@ -8,6 +8,7 @@ from typing import Callable
 import numpy as np
 
 from trainfeed.converters.errors import UsageError
+from trainfeed.converters.formats.registry import IN_PLACE
 from trainfeed.converters.redact import redact
 from trainfeed.converters.sources.decode import ImageOptions
 from trainfeed.training.reading.readers import ReaderOptions, open_store
@@ -37,8 +38,8 @@ def store_variants(cfg: MatrixConfig, images: bool) -> dict[str, tuple[str, str 
     parquet-decoded); the small files keep their name, blob (encoded images)."""
     if not images:
         return {name: (name, None) for name in cfg.stores}
-    return {(name if name == "blob" else f"{name}-{storage}"): (name, "encoded" if name == "blob" else storage)
-            for name in cfg.stores for storage in (("encoded",) if name == "blob" else cfg.image_storage)}
+    return {(name if name == IN_PLACE else f"{name}-{storage}"): (name, "encoded" if name == IN_PLACE else storage)
+            for name in cfg.stores for storage in (("encoded",) if name == IN_PLACE else cfg.image_storage)}
 
 
 def stage_stores(cfg: MatrixConfig, backend: Backend, log: Callable[[str], None]) -> tuple[list, dict, dict]:
@@ -52,7 +53,7 @@ def stage_stores(cfg: MatrixConfig, backend: Backend, log: Callable[[str], None]
         reason = redact(exc)
         log(f"stage small files: failed: {reason}")
         return list(cfg.stores), {}, dict.fromkeys(cfg.stores, reason)
-    blob = backend.source(small_files, "blob", labels)
+    blob = backend.source(small_files, IN_PLACE, labels)
     try:
         images = open_store(blob.path, blob.fmt, reader_options(cfg, blob)).images is not None
     except UsageError:
@@ -66,8 +67,8 @@ def stage_stores(cfg: MatrixConfig, backend: Backend, log: Callable[[str], None]
     for name, (fmt, storage) in variants.items():
         try:
             image = ImageOptions(resize=cfg.resize, storage=storage or "encoded")
-            url = small_files if fmt == "blob" else stage_store(fmt, small_files, labels, backend, log, name, image)
-            src = blob if fmt == "blob" else backend.source(url, fmt)
+            url = small_files if fmt == IN_PLACE else stage_store(fmt, small_files, labels, backend, log, name, image)
+            src = blob if fmt == IN_PLACE else backend.source(url, fmt)
             store = open_store(src.path, src.fmt, reader_options(cfg, src))
             spec = store.sample_spec
             stages = _logged_stages(log, name, store) if images else None

@@ -22,6 +22,7 @@ from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.storage.location import is_remote
 from trainfeed.converters.storage.config import AZURE, S3
 from trainfeed.converters.formats.options import WriteOptions
+from trainfeed.converters.formats.registry import FORMATS
 from trainfeed.converters.redact import redact_url, register_storage_options
 from trainfeed.converters.sources.decode import ImageOptions
 from trainfeed.converters.storage.filesystems import is_local, open_fs
@@ -172,9 +173,10 @@ def stage_store(fmt: str, small_files: str, labels_csv: str | None, backend: Bac
                 log: Callable[[str], None], name: str | None = None, image: ImageOptions | None = None) -> str:
     """Convert the small files (on the backend) into a ``fmt`` store beside them, named
     ``name`` (default: the format), images as ``image`` says (``convert --resize
-    --image-storage``); its URL."""
+    --image-storage``); its URL. A format whose store may be one file (HDF5) is staged as one."""
     name = name or fmt
-    dst = backend.url(f"{name}.h5" if fmt == "hdf5" else name)
+    single = FORMATS[fmt].single_file
+    dst = backend.url(name + FORMATS[fmt].suffixes[0] if single else name)
     log(f"stage {name}: converting {small_files} -> {dst}")
     t0 = time.perf_counter()
     summary = convert(ConvertConfig(src=small_files, dst=dst, fmt=fmt, labels_csv=labels_csv,

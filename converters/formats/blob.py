@@ -1,15 +1,17 @@
 """The small-file layout (a folder of .npy, .npz, JPEG or PNG files, local or any fsspec URL)
 read in place, without converting it: the baseline every store is compared with. Read-only:
-``convert`` takes this layout as its source. One piece per file."""
+``convert`` takes this layout as its source. One piece per file. ``BLOB`` is the registry's blob
+format."""
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
 from trainfeed.converters.errors import TrainfeedError
 from trainfeed.converters.sources.labels import resolve_labels
 from trainfeed.converters.layout import DatasetSchema
+from trainfeed.converters.formats.interface import Empty, Format, Where
 from trainfeed.converters.formats.options import Columns, Pieces, ReadRequest, pick_field
 from trainfeed.converters.sources.samples import SchemaGuard, load_sample
 from trainfeed.converters.storage.location import locate
@@ -18,11 +20,7 @@ from trainfeed.converters.sources.listing import IMAGE, SourceFile, list_source,
 from trainfeed.converters.sources.decode import ImageOptions
 from trainfeed.converters.storage.filesystems import is_local
 
-name = "blob"
-label = "small files"
-writable = False
 UNIT = "files"
-COMPRESSIONS: tuple[str, ...] = ()
 
 
 def list_pieces(path, req: ReadRequest) -> Pieces:
@@ -63,3 +61,36 @@ def read_piece(listing: Pieces, piece: SourceFile, handles: dict, empty=np.empty
 def read_labels(listing: Pieces) -> Iterator[np.ndarray]:
     labels = listing.extra["labels"]
     yield np.array([-1 if labels.get(f.id) is None else labels.get(f.id) for f in listing.pieces], np.int64)
+
+
+# ------------------------------------------------------------------ the registry's format
+
+class Blob(Format):
+    """The small files, read in place (formats/interface.py says what each member is for). Never
+    detected: what a path holding no store is read as."""
+
+    name, label, noun = "blob", "small files", "a folder of small files"
+    in_place = True
+    UNIT = UNIT
+
+    def is_store(self, path: Where) -> bool:
+        return False
+
+    def written_by_trainfeed(self, path: Where) -> bool:
+        return False
+
+    def list_pieces(self, path: Where, req: ReadRequest) -> Pieces:
+        """``path`` as the user gave it (recorded as the schema's source)."""
+        return list_pieces(path, req)
+
+    def read_piece(self, listing: Pieces, piece: Any, handles: dict, empty: Empty = np.empty) -> Columns:
+        return read_piece(listing, piece, handles, empty)
+
+    def piece_file(self, piece: Any) -> str:
+        return piece_file(piece)
+
+    def read_labels(self, listing: Pieces) -> Iterator[np.ndarray]:
+        return read_labels(listing)
+
+
+BLOB = Blob()

@@ -8,7 +8,7 @@ trainfeed's mark on a table, and where the label map, source and ``store_id`` of
 are read from (an append that brings new classes cannot change the table schema's field
 metadata). Readers must take the live file
 list from the log (``file_uris()``), never the folder listing: after OPTIMIZE the folder
-still holds the replaced files until VACUUM.
+still holds the replaced files until VACUUM. ``DELTA`` is the registry's delta format.
 """
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ import tempfile
 import uuid
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
+import numpy as np
 import pyarrow as pa
 from deltalake import ColumnProperties, CommitProperties, DeltaTable, Schema, WriterProperties
 from deltalake.exceptions import DeltaError, TableNotFoundError
@@ -27,17 +28,18 @@ from deltalake.transaction import AddAction, create_table_with_add_actions
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.redact import redact_url
 from trainfeed.converters.layout import DATASET_META, ID, LABEL, DatasetSchema, arrow_schema, checked_schema, schema_from_arrow
-from trainfeed.converters.formats.options import Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows, pick_field
-from trainfeed.converters.storage.location import Location, as_location
+from trainfeed.converters.formats.interface import Empty, Format, Row, Where
+from trainfeed.converters.formats.options import (Columns, Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows,
+                                                  pick_field)
+from trainfeed.converters.storage.location import Location, as_location, check_delta_url
 from trainfeed.converters.formats.parquet import Part, file_pieces, ids_in, piece_file, row_group_samples, write_parts
 from trainfeed.converters.storage.upload import Uploader
 # A Delta table's files are Parquet: its codecs and its read side are Parquet's.
-from trainfeed.converters.formats.parquet import COMPRESSION_LEVELS, COMPRESSIONS, DEFAULT_COMPRESSION, UNIT, read_labels, read_piece, piece_span  # noqa: F401
+from trainfeed.converters.formats.parquet import COMPRESSION_LEVELS, COMPRESSIONS, DEFAULT_COMPRESSION, UNIT, read_labels, read_piece, piece_span
 from trainfeed.converters.sources.decode import Sample
 
-FORMAT = name = "delta"
-label = "Delta Lake"
-writable = True
+FORMAT = "delta"
+LOG = "_delta_log"
 _DELTA_COMPRESSION = {"none": "UNCOMPRESSED", "lz4": "LZ4_RAW"}
 
 
@@ -54,7 +56,7 @@ def writer_properties(schema: DatasetSchema, opts: WriteOptions, rows_per_group:
 
 def is_store(path) -> bool:
     loc = as_location(path)
-    return Path(loc.path, "_delta_log").is_dir() if loc.local else loc.fs.isdir(loc.file("_delta_log"))
+    return Path(loc.path, LOG).is_dir() if loc.local else loc.fs.isdir(loc.file(LOG))
 
 
 def open_table(path, version: int | None = None, storage_options: dict[str, str] | None = None) -> DeltaTable:
@@ -142,15 +144,16 @@ def _commit_properties(schema: DatasetSchema) -> CommitProperties:
 
 
 def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
-          *, since_version: int | None = None, publishing: Callable[[], AbstractContextManager] = nullcontext
-          ) -> WriteResult:
+          on_part: Callable[[str], None] | None = None, *, since_version: int | None = None,
+          publishing: Callable[[], AbstractContextManager] = nullcontext) -> WriteResult:
     """Write Parquet parts (the same fast writer as ``--to parquet``) into the table folder,
     then commit them in one Delta transaction. ``path``: a local path or a Location on object
     storage (parts are written to a local temporary folder, uploaded, then committed through
     delta-rs). ``opts.mode``: create (``path`` is new), overwrite (a new version whose live
     files are these; older versions stay for time travel until VACUUM) or append. Until the
     commit, the new files are invisible to every reader; a failed run removes them, a killed
-    one leaves them unreferenced (``--vacuum-hours 0`` removes them).
+    one leaves them unreferenced (``--vacuum-hours 0`` removes them). ``on_part(name)``: called
+    as each part is complete (after its upload is started, on object storage).
 
     ``since_version``: for overwrite and append, the version the caller checked the table at.
     Just before committing, the table must still be trainfeed's, and (append) no id written
@@ -167,7 +170,7 @@ def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: Wr
     with _parts_folder(loc) as folder, _uploader(loc, folder) as uploader:
         try:
             parts = write_parts(folder, schema, _noting_ids(batches, written), opts,
-                                part_name=lambda i: f"part-{i:05d}-{run}-c000.parquet", on_part=uploader)
+                                part_name=lambda i: f"part-{i:05d}-{run}-c000.parquet", on_part=_each(uploader, on_part))
             schema.samples = sum(p.rows for p in parts)
             if uploader is not None:
                 uploader.finish()
@@ -217,6 +220,19 @@ def _remove_orphans(loc: Location, run: str) -> None:
         orphans = loc.fs.glob(loc.file(f"part-*-{run}-c000.parquet"))
         if orphans:
             loc.fs.rm(orphans)
+
+
+def _each(*calls: Callable[[str], None] | None) -> Callable[[str], None] | None:
+    """One callback making each of ``calls`` (those not None) in turn; None when there are none."""
+    given = [call for call in calls if call is not None]
+    if not given:
+        return None
+
+    def each(name: str) -> None:
+        for call in given:
+            call(name)
+
+    return each
 
 
 def _noting_ids(batches: Iterable[list[Sample]], ids: list[str]) -> Iterator[list[Sample]]:
@@ -392,3 +408,56 @@ def live_files(loc: Location, version: int | None) -> tuple[DeltaTable, list[str
     actions = pa.table(table.get_add_actions(flatten=True)).to_pydict()
     files = [loc.file(p) for p in actions.get("path", [])]
     return table, files, dict(zip(files, (int(n) for n in actions.get("size_bytes", []))))
+
+
+# ------------------------------------------------------------------ the registry's format
+
+class Delta(Format):
+    """Delta tables (formats/interface.py says what each member is for)."""
+
+    name, label, noun, foreign_noun = FORMAT, "Delta Lake", "a Delta table", "a Delta table"
+    writable, versioned, parquet_files, fetches_ahead = True, True, True, True
+    UNIT = UNIT
+    COMPRESSIONS, DEFAULT_COMPRESSION, COMPRESSION_LEVELS = COMPRESSIONS, DEFAULT_COMPRESSION, COMPRESSION_LEVELS
+    suffixes, commit_record = (".parquet",), LOG
+    part_names = run_part_names = r"part-\d{5}-[0-9a-f]{12}-c000\.parquet"  # its own run id: see write()
+
+    def is_store(self, path: Where) -> bool:
+        return is_store(path)
+
+    def written_by_trainfeed(self, path: Where) -> bool:
+        return written_by_trainfeed(path)
+
+    def check_url(self, url: str) -> None:
+        check_delta_url(url)
+
+    def write(self, path: Where, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
+              on_part: Callable[[str], None] | None = None) -> WriteResult:
+        return write(path, schema, batches, opts, on_part)
+
+    def read_schema(self, path: Where) -> DatasetSchema:
+        return read_schema(path)
+
+    def read_samples(self, path: Where, storage_options: dict | None = None) -> Iterator[Row]:
+        return read_samples(path, storage_options=storage_options)
+
+    def data_files(self, path: Where) -> list[str]:
+        return data_files(path)
+
+    def list_pieces(self, path: Where, req: ReadRequest) -> Pieces:
+        return list_pieces(path, req)
+
+    def read_piece(self, listing: Pieces, piece: Any, handles: dict, empty: Empty = np.empty) -> Columns:
+        return read_piece(listing, piece, handles, empty)
+
+    def piece_file(self, piece: Any) -> str:
+        return piece_file(piece)
+
+    def piece_span(self, listing: Pieces, piece: Any) -> tuple[str, int, int] | None:
+        return piece_span(listing, piece)
+
+    def read_labels(self, listing: Pieces) -> Iterator[np.ndarray]:
+        return read_labels(listing)
+
+
+DELTA = Delta()

@@ -6,12 +6,13 @@ named columns and decoded.
 Which files: a Parquet folder's ``*.parquet`` files directly in it, by name (names starting
 with ``_`` or ``.`` skipped: Spark's ``_SUCCESS``, checksums), or the one file given; a Delta
 table's live snapshot from its log. Without an id column, a sample's id is ``row-<n>``, its
-position in the table in that file order, counting from 0.
+position in the table in that file order, counting from 0. ``READER`` is what the read engine
+calls on its pieces (formats/interface.py's ``PieceReader``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -21,6 +22,7 @@ from trainfeed.converters.errors import TrainfeedError
 from trainfeed.converters.formats.foreign import ForeignSchema, check_columns, decode_ids, decode_tensors, resolve_encoding
 from trainfeed.converters.storage.location import Location
 from trainfeed.converters.storage.native import Identity
+from trainfeed.converters.formats.interface import Empty, PieceReader
 from trainfeed.converters.formats.options import Columns, Pieces, ReadRequest, labels_array
 from trainfeed.converters.formats.parquet import read_row_group
 
@@ -105,3 +107,21 @@ def _decode(read: ForeignRead, table, piece: tuple[str, int], empty) -> Columns:
 def read_labels(listing: Pieces) -> Iterator[np.ndarray]:
     """The label column of each data file (-1 where null)."""
     return parquet.read_labels(listing, listing.extra["foreign"].foreign.label_column)
+
+
+class ForeignTable(PieceReader):
+    """The read engine's calls on the pieces of a table another tool wrote."""
+
+    UNIT = UNIT
+
+    def read_piece(self, listing: Pieces, piece: Any, handles: dict, empty: Empty = np.empty) -> Columns:
+        return read_piece(listing, piece, handles, empty)
+
+    def piece_file(self, piece: Any) -> str:
+        return piece_file(piece)
+
+    def read_labels(self, listing: Pieces) -> Iterator[np.ndarray]:
+        return read_labels(listing)
+
+
+READER = ForeignTable()

@@ -5,28 +5,29 @@ Each file holds ``/id`` (UTF-8 strings), ``/label`` (int64; absent when unlabele
 dataset per tensor field shaped ``(n, *shape)`` in its own dtype, chunked along the sample
 axis; encoded images are variable-length uint8. The root attributes ``trainfeed`` (the
 dataset schema as JSON) and ``writer`` mark a file as written by trainfeed. The write side is
-hdf5_writer.py; this module is the registry's hdf5 format (its ``write`` is hdf5_writer's).
+hdf5_writer.py; this module is the read side, and ``HDF5`` the registry's hdf5 format (its
+``write`` is hdf5_writer's).
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import h5py
 import numpy as np
 
 from trainfeed.converters.errors import TrainfeedError
-from trainfeed.converters.layout import DATASET_META, ID, LABEL, DatasetSchema, checked_schema
-from trainfeed.converters.formats.options import Columns, Pieces, ReadRequest, check_declared_rows, pick_field
+from trainfeed.converters.layout import DATASET_META, ID, LABEL, MANIFEST, DatasetSchema, checked_schema
+from trainfeed.converters.formats.interface import Empty, Format, Row, Where
+from trainfeed.converters.formats.options import (Columns, Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows,
+                                                  pick_field)
 from trainfeed.converters.storage.location import Location, as_location
-from trainfeed.converters.formats.parquet import read_manifest
+from trainfeed.converters.formats.manifest import read_manifest
 from trainfeed.converters.storage.fetch import Fetcher, RangeFile, open_fetcher
-from trainfeed.converters.formats.hdf5_writer import FORMAT, is_single_file, write  # noqa: F401  write: the registry's
+from trainfeed.converters.formats.hdf5_writer import FORMAT, SUFFIXES, is_single_file, write
+from trainfeed.converters.sources.decode import Sample
 
-name = FORMAT
-label = "HDF5"
-writable = True
 UNIT = "chunk slices"
 COMPRESSIONS = ("none", "lzf", "gzip")
 DEFAULT_COMPRESSION = "none"
@@ -235,3 +236,55 @@ def read_labels(listing: Pieces) -> Iterator[np.ndarray]:
         h5, _ = listing.extra["opener"].open(f)
         with h5:
             yield h5[LABEL][:].astype(np.int64) if listing.schema.labeled else np.full(h5[ID].shape[0], -1, np.int64)
+
+
+# ------------------------------------------------------------------ the registry's format
+
+class Hdf5(Format):
+    """HDF5 stores, one file or a folder of shards (formats/interface.py says what each member is for)."""
+
+    name, label, noun, foreign_noun = FORMAT, "HDF5", "an HDF5 store", "an HDF5 file"
+    writable, single_file = True, True
+    UNIT = UNIT
+    COMPRESSIONS, DEFAULT_COMPRESSION, COMPRESSION_LEVELS = COMPRESSIONS, DEFAULT_COMPRESSION, COMPRESSION_LEVELS
+    suffixes, commit_record = SUFFIXES, MANIFEST
+    part_names = r"shard-\d{5}\.h5"
+    run_part_names = r"shard-\d{5}-[0-9a-f]{8}\.h5"  # as publish.py tags a shard with its run
+
+    def is_store(self, path: Where) -> bool:
+        return is_store(path)
+
+    def written_by_trainfeed(self, path: Where) -> bool:
+        """A single file: its root attributes; a folder of shards: its manifest."""
+        loc = as_location(path)
+        if loc.local and Path(loc.path).is_dir():
+            return is_store(loc)
+        return written_by_trainfeed(path)
+
+    def write(self, path: Where, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
+              on_part: Callable[[str], None] | None = None) -> WriteResult:
+        return write(path, schema, batches, opts, on_part)
+
+    def read_schema(self, path: Where) -> DatasetSchema:
+        return read_schema(path)
+
+    def read_samples(self, path: Where, storage_options: dict | None = None) -> Iterator[Row]:
+        return read_samples(path, storage_options)
+
+    def data_files(self, path: Where) -> list[str]:
+        return data_files(path)
+
+    def list_pieces(self, path: Where, req: ReadRequest) -> Pieces:
+        return list_pieces(path, req)
+
+    def read_piece(self, listing: Pieces, piece: Any, handles: dict, empty: Empty = np.empty) -> Columns:
+        return read_piece(listing, piece, handles, empty)
+
+    def piece_file(self, piece: Any) -> str:
+        return piece_file(piece)
+
+    def read_labels(self, listing: Pieces) -> Iterator[np.ndarray]:
+        return read_labels(listing)
+
+
+HDF5 = Hdf5()

@@ -1,11 +1,11 @@
 """Parquet store: a folder of ``part-NNNNN.parquet`` files of about the target size, each
 split into row groups of about the row-group size, plus the ``_trainfeed.json`` manifest.
 
-The manifest (shared with sharded HDF5 stores) is trainfeed's mark on a store: readers
-validate it, and ``convert --overwrite`` replaces only folders that carry a valid one."""
+The manifest (manifest.py, shared with sharded HDF5 stores) is trainfeed's mark on a store:
+readers validate it, and ``convert --overwrite`` replaces only folders that carry a valid one.
+``PARQUET`` is the registry's parquet format."""
 from __future__ import annotations
 
-import json
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import suppress
@@ -17,10 +17,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trainfeed.converters import __version__
 from trainfeed.converters.errors import TrainfeedError
-from trainfeed.converters.layout import (ID, LABEL, MANIFEST, DatasetSchema, FieldSpec, arrow_schema, checked_schema, from_record_batch,
-                     is_count, to_record_batch)
+from trainfeed.converters.layout import ID, LABEL, MANIFEST, DatasetSchema, FieldSpec, arrow_schema, from_record_batch, to_record_batch
+from trainfeed.converters.formats.interface import Empty, Format, Row, Where
+from trainfeed.converters.formats.manifest import read_manifest, write_manifest
 from trainfeed.converters.formats.options import (Columns, Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows, labels_array,
                       pick_field)
 from trainfeed.converters.storage.location import Location, as_location
@@ -28,18 +28,13 @@ from trainfeed.converters.storage.fetch import Fetcher, RangeFile, open_fetcher
 from trainfeed.converters.storage.native import Identity
 from trainfeed.converters.sources.decode import Sample
 
-FORMAT = name = "parquet"
-label = "Parquet"
-writable = True
-#: What check_sharding calls a piece.
+FORMAT = "parquet"
 UNIT = "row groups"
 COMPRESSIONS = ("none", "snappy", "zstd", "lz4", "gzip", "brotli")
 DEFAULT_COMPRESSION = "none"
 #: (lowest, highest) --compression-level per codec; codecs not listed take no level (Arrow: gzip 1-9).
 COMPRESSION_LEVELS = {"zstd": (1, 22), "gzip": (1, 9), "brotli": (0, 11)}
 PART = "part-{:05d}.parquet"
-WRITER = f"trainfeed {__version__}"
-MANIFEST_FORMATS = ("parquet", "hdf5")
 
 
 def parquet_compression(name: str) -> str:
@@ -150,68 +145,22 @@ def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: Wr
     return WriteResult(files, sum(p.size for p in parts), {"row_groups": sum(p.row_groups for p in parts)})
 
 
-def write_manifest(path: Path, fmt: str, schema: DatasetSchema, parts: list[dict], writer: str = WRITER) -> None:
-    """The manifest of a Parquet or sharded HDF5 store: ``parts`` are {"file": NAME, "rows": N}."""
-    manifest = {"format": fmt, "writer": writer, "schema": schema.to_dict(), "parts": parts}
-    (path / MANIFEST).write_text(json.dumps(manifest, indent=1))
-
-
-def is_store(path: Path) -> bool:
+def is_store(path) -> bool:
     try:
-        read_manifest(path)
+        read_manifest(path, FORMAT)
     except ValueError:
         return False
     return True
 
 
-def read_manifest(path, fmt: str | None = FORMAT) -> dict:
-    """The validated manifest of the store at ``path`` (a local path or a Location); ValueError
-    naming the file if it is missing, unreadable or not what trainfeed writes. ``fmt=None``
-    accepts any format."""
-    loc = as_location(path)
-    file = f"{loc.shown}/{MANIFEST}"
-    raw = b""
-    try:
-        raw = loc.read_bytes(MANIFEST)
-        manifest = json.loads(raw)
-    except FileNotFoundError as exc:
-        raise ValueError(f"{loc.shown}: no {MANIFEST}: not a complete trainfeed {fmt or 'Parquet or HDF5'} store") from exc
-    except OSError as exc:
-        raise ValueError(f"{file}: cannot read: {exc.strerror or exc}") from exc
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{file}: not valid JSON ({'empty file' if not raw else exc})") from exc
-    if not isinstance(manifest, dict):
-        raise ValueError(f"{file}: holds a JSON {type(manifest).__name__}, not the manifest object")
-    found = manifest.get("format")
-    if found not in ((fmt,) if fmt else MANIFEST_FORMATS):
-        raise ValueError(f"{file}: says format {found!r}, not {fmt or ' or '.join(MANIFEST_FORMATS)}")
-    writer = manifest.get("writer")
-    if not (isinstance(writer, str) and writer.startswith("trainfeed ")):
-        raise ValueError(f"{file}: not written by trainfeed (writer {writer!r})")
-    checked_schema(manifest.get("schema"), file)
-    _check_parts(manifest.get("parts"), file)
-    return manifest
-
-
-def _check_parts(parts: Any, file: Path) -> None:
-    if not isinstance(parts, list):
-        raise ValueError(f"{file}: 'parts' must be a list of {{\"file\": NAME, \"rows\": N}}")
-    for i, part in enumerate(parts):
-        name = part.get("file") if isinstance(part, dict) else None
-        rows = part.get("rows") if isinstance(part, dict) else None
-        plain_name = isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
-        if not (plain_name and is_count(rows)):
-            raise ValueError(f"{file}: part {i} is {part!r}, not {{\"file\": NAME, \"rows\": N}}")
-
-
 def data_files(path) -> list[str]:
     """The store's part files in write order (the manifest lists exactly the committed parts)."""
     loc = as_location(path)
-    return [loc.file(p["file"]) for p in read_manifest(loc)["parts"]]
+    return [loc.file(p["file"]) for p in read_manifest(loc, FORMAT)["parts"]]
 
 
 def read_schema(path) -> DatasetSchema:
-    return DatasetSchema.from_dict(read_manifest(path)["schema"])
+    return DatasetSchema.from_dict(read_manifest(path, FORMAT)["schema"])
 
 
 def read_samples(path, storage_options: dict | None = None) -> Iterator[tuple[str, int | None, dict]]:
@@ -231,7 +180,7 @@ def row_group_samples(listing: Pieces) -> Iterator[tuple[str, int | None, dict]]
 def list_pieces(path, req: ReadRequest) -> Pieces:
     """Every row group of the manifest's parts, file by file, checked against the manifest's counts."""
     loc = as_location(path, req.storage_options)
-    manifest = read_manifest(loc)
+    manifest = read_manifest(loc, FORMAT)
     schema = DatasetSchema.from_dict(manifest["schema"])
     spec = pick_field(schema, req.field_name, loc.shown)
     files = [loc.file(p["file"]) for p in manifest["parts"]]
@@ -379,3 +328,54 @@ def read_labels(listing: Pieces, column_name: str = LABEL) -> Iterator[np.ndarra
     for f in listing.files:
         column = _parquet_file(listing, f, {}).read(columns=[column_name]).column(column_name).combine_chunks()
         yield labels_array(column.to_numpy(zero_copy_only=False))
+
+
+# ------------------------------------------------------------------ the registry's format
+
+class Parquet(Format):
+    """Parquet stores (formats/interface.py says what each member is for)."""
+
+    name, label, noun = FORMAT, "Parquet", "a Parquet store"
+    writable, parquet_files, fetches_ahead = True, True, True
+    UNIT = UNIT
+    COMPRESSIONS, DEFAULT_COMPRESSION, COMPRESSION_LEVELS = COMPRESSIONS, DEFAULT_COMPRESSION, COMPRESSION_LEVELS
+    suffixes, commit_record = (".parquet",), MANIFEST
+    part_names = r"part-\d{5}\.parquet"
+    run_part_names = r"part-\d{5}-[0-9a-f]{8}\.parquet"  # as publish.py tags a part with its run
+
+    def is_store(self, path: Where) -> bool:
+        return is_store(path)
+
+    def written_by_trainfeed(self, path: Where) -> bool:
+        return is_store(path)  # its manifest, validated, is trainfeed's mark
+
+    def write(self, path: Where, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
+              on_part: Callable[[str], None] | None = None) -> WriteResult:
+        return write(path, schema, batches, opts, on_part)
+
+    def read_schema(self, path: Where) -> DatasetSchema:
+        return read_schema(path)
+
+    def read_samples(self, path: Where, storage_options: dict | None = None) -> Iterator[Row]:
+        return read_samples(path, storage_options)
+
+    def data_files(self, path: Where) -> list[str]:
+        return data_files(path)
+
+    def list_pieces(self, path: Where, req: ReadRequest) -> Pieces:
+        return list_pieces(path, req)
+
+    def read_piece(self, listing: Pieces, piece: Any, handles: dict, empty: Empty = np.empty) -> Columns:
+        return read_piece(listing, piece, handles, empty)
+
+    def piece_file(self, piece: Any) -> str:
+        return piece_file(piece)
+
+    def piece_span(self, listing: Pieces, piece: Any) -> tuple[str, int, int] | None:
+        return piece_span(listing, piece)
+
+    def read_labels(self, listing: Pieces) -> Iterator[np.ndarray]:
+        return read_labels(listing)
+
+
+PARQUET = Parquet()

@@ -1,18 +1,14 @@
 """The format registry, detection of an existing store's format, and what is at a
 destination path: trainfeed replaces only what carries its own marker.
 
-Each format is one module registered in FORMATS. What the rest of trainfeed takes from it:
+Each format is one object registered in FORMATS, satisfying ``interface.Format`` (what the rest
+of trainfeed may call on a format, typed). Detection, identification and the names of data
+files are derived from what each format declares (its commit record, its part names, its
+suffixes), never from its name.
 
-- ``name``, ``label`` (display name), ``writable``, ``UNIT`` (what a piece is called);
-- writable formats: ``write(path, schema, batches, opts)`` (Parquet, HDF5: also
-  ``on_part(name)``, called as each data file is complete), ``read_schema(path)``,
-  ``read_samples(path)`` (what ``--verify`` compares), ``is_store(path)``, ``COMPRESSIONS``,
-  ``DEFAULT_COMPRESSION``, ``COMPRESSION_LEVELS``;
-- every format, the read side of training: ``list_pieces(path, ReadRequest) -> Pieces``,
-  ``read_piece(pieces, piece, handles, empty=np.empty) -> Columns``, ``read_labels(pieces)``, ``piece_file(piece)``.
-
-Adding a format: its module, one line here, and its round-trip test (tests/converters/formats/test_registry.py
-checks the interface and round-trips every writable format).
+Adding a format: its module (with its ``Format`` object), one line here, and its round-trip
+test (tests/converters/formats/test_registry.py checks the interface and round-trips every
+writable format).
 """
 from __future__ import annotations
 
@@ -20,39 +16,64 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
-
-import h5py
 
 from trainfeed.converters.errors import UsageError
-from trainfeed.converters.formats import blob, delta, hdf5, parquet
+from trainfeed.converters.formats.blob import BLOB
+from trainfeed.converters.formats.delta import DELTA
+from trainfeed.converters.formats.hdf5 import HDF5
+from trainfeed.converters.formats.interface import Format
+from trainfeed.converters.formats.manifest import read_manifest
+from trainfeed.converters.formats.parquet import PARQUET
 from trainfeed.converters.layout import MANIFEST
 from trainfeed.converters.storage.location import Location, as_location
+
+FORMATS: dict[str, Format] = {f.name: f for f in (PARQUET, DELTA, HDF5, BLOB)}
+#: The formats convert writes (``--to``).
+WRITABLE: list[str] = [name for name, f in FORMATS.items() if f.writable]
+#: What a path holding no store is read as (the small files, in place).
+IN_PLACE: str = next(name for name, f in FORMATS.items() if f.in_place)
+
+#: Formats committed by a log of their own (Delta's ``_delta_log/``), then those committed by the
+#: manifest: detection looks for a log first, as a table's folder may hold anything else.
+_LOGGED = [f for f in FORMATS.values() if f.commit_record not in (None, MANIFEST)]
+_DETECTION = _LOGGED + [f for f in FORMATS.values() if f not in _LOGGED]
+#: The formats a manifest may name.
+_MANIFESTED = tuple(name for name, f in FORMATS.items() if f.commit_record == MANIFEST)
+#: What commits a folder store: the manifest, a log.
+COMMIT_RECORDS = frozenset(f.commit_record for f in FORMATS.values() if f.commit_record)
+
+
+def _names_pattern(patterns) -> re.Pattern:
+    return re.compile("|".join(f"(?:{p})" for p in dict.fromkeys(p for p in patterns if p)))
+
 
 #: Data files a conversion to object storage uploads before its commit record: Parquet and
 #: HDF5 parts tagged with their run, Delta parts. A folder on object storage holding only
 #: these is what a killed run left: trainfeed's to replace.
-RUN_PART = re.compile(r"(part|shard)-\d{5}-[0-9a-f]{8}\.(parquet|h5)|part-\d{5}-[0-9a-f]{12}-c000\.parquet")
-
-FORMATS: dict[str, ModuleType] = {m.name: m for m in (parquet, delta, hdf5, blob)}
-#: The formats convert writes (``--to``).
-WRITABLE: list[str] = [name for name, m in FORMATS.items() if m.writable]
-_NAMES = {"parquet": "a Parquet store", "delta": "a Delta table", "hdf5": "an HDF5 store"}
+RUN_PART = _names_pattern(f.run_part_names for f in FORMATS.values())
+#: The data files trainfeed writes into folder stores: with or without a run tag.
+PART = _names_pattern(p for f in FORMATS.values() for p in (f.part_names, f.run_part_names))
+#: Suffixes of every format's data files; of those a table another tool wrote may have (Parquet).
+DATA_SUFFIXES = tuple(dict.fromkeys(s for f in FORMATS.values() for s in f.suffixes))
+TABLE_SUFFIXES = tuple(dict.fromkeys(s for f in FORMATS.values() if f.parquet_files for s in f.suffixes))
 
 
 def detect_format(path, storage_options: dict | None = None) -> str | None:
-    """'delta', 'parquet' or 'hdf5' for a store at ``path`` (a local path, URL or Location: what
-    a reader should open it as); None if it is not one. ``identify`` says whether trainfeed wrote it."""
+    """The format of a store at ``path`` (a local path, URL or Location: what a reader should
+    open it as); None if it is not one. ``identify`` says whether trainfeed wrote it."""
     loc = as_location(path, storage_options)
     if loc.local and not Path(loc.path).exists():
         return None
-    if delta.is_store(loc):
-        return "delta"
-    if hdf5.is_store(loc):
-        return "hdf5"
-    if parquet.is_store(loc):
-        return "parquet"
-    return None
+    return next((f.name for f in _DETECTION if f.is_store(loc)), None)
+
+
+def detect_table(path, storage_options: dict | None = None) -> str:
+    """The format a table another tool wrote is read as: one with Parquet files and a log (Delta)
+    when its log is there, else plain Parquet files."""
+    loc = as_location(path, storage_options)
+    tables = [f for f in FORMATS.values() if f.parquet_files]
+    logged = next((f.name for f in tables if f in _LOGGED and f.is_store(loc)), None)
+    return logged or next(f.name for f in tables if f not in _LOGGED)
 
 
 @dataclass(frozen=True)
@@ -66,9 +87,14 @@ class Found:
     replaceable: bool = False
     leftovers: bool = False  # only what a killed run left (object storage): treated as nothing
 
+    @property
+    def format(self) -> Format | None:
+        """The format of the trainfeed store found, if it is one."""
+        return FORMATS[self.fmt] if self.fmt is not None else None
 
-def _owned(fmt: str) -> Found:
-    return Found(f"{_NAMES[fmt]} written by trainfeed", fmt, True)
+
+def _owned(fmt: Format) -> Found:
+    return Found(f"{fmt.noun} written by trainfeed", fmt.name, True)
 
 
 def identify(path) -> Found | None:
@@ -86,13 +112,14 @@ def identify(path) -> Found | None:
     if path.is_dir():
         return _identify_folder(loc, sum(1 for _ in path.iterdir()))
     if path.is_file():
-        return _identify_file(path)
+        return _identify_file(loc, path)
     return Found("a special file (not a regular file or folder) that is not a trainfeed store")
 
 
-def _identify_file(path: Path) -> Found:
-    if h5py.is_hdf5(path):
-        return _owned("hdf5") if hdf5.written_by_trainfeed(path) else Found("an HDF5 file not written by trainfeed")
+def _identify_file(loc: Location, path: Path) -> Found:
+    for fmt in FORMATS.values():
+        if fmt.single_file and fmt.is_store(loc):
+            return _owned(fmt) if fmt.written_by_trainfeed(loc) else Found(f"{fmt.foreign_noun} not written by trainfeed")
     return Found(f"a file of {path.stat().st_size:,} bytes that is not a trainfeed store")
 
 
@@ -103,8 +130,9 @@ def _identify_remote(loc: Location) -> Found | None:
     except FileNotFoundError:
         return None
     if info.get("type") != "directory":
-        if hdf5.written_by_trainfeed(loc):
-            return _owned("hdf5")
+        owner = next((f for f in FORMATS.values() if f.single_file and f.written_by_trainfeed(loc)), None)
+        if owner is not None:
+            return _owned(owner)
         return Found(f"an object of {int(info.get('size') or 0):,} bytes that is not a trainfeed store")
     names = loc.names()
     if names and all(RUN_PART.fullmatch(n) for n in names):
@@ -116,14 +144,15 @@ def _identify_remote(loc: Location) -> Found | None:
 def _identify_folder(loc: Location, entries: int) -> Found:
     if entries == 0:
         return Found("an empty folder", replaceable=True)
-    if delta.is_store(loc):
-        try:
-            return _owned("delta") if delta.written_by_trainfeed(loc) else Found("a Delta table not written by trainfeed")
-        except ValueError as exc:
-            return Found(f"a Delta table whose log cannot be read ({exc})")
+    for fmt in _LOGGED:
+        if fmt.is_store(loc):
+            try:
+                return _owned(fmt) if fmt.written_by_trainfeed(loc) else Found(f"{fmt.foreign_noun} not written by trainfeed")
+            except ValueError as exc:
+                return Found(f"{fmt.foreign_noun} whose log cannot be read ({exc})")
     if loc.exists(MANIFEST):
         try:
-            return _owned(parquet.read_manifest(loc, fmt=None)["format"])
+            return _owned(FORMATS[read_manifest(loc, _MANIFESTED)["format"]])
         except ValueError as exc:
             return Found(f"a folder with an invalid trainfeed manifest ({exc})")
     return Found(f"a folder with {entries} {'entry' if entries == 1 else 'entries'} that is not a trainfeed store")
@@ -131,16 +160,16 @@ def _identify_folder(loc: Location, entries: int) -> Found:
 
 def check_compression(fmt: str, codec: str, level: int | None) -> None:
     """UsageError unless ``codec`` is available for ``fmt`` and takes ``level`` (the codecs
-    and levels are the format module's)."""
-    module = FORMATS[fmt]
-    if codec not in module.COMPRESSIONS:
+    and levels are the format's)."""
+    format_ = FORMATS[fmt]
+    if codec not in format_.COMPRESSIONS:
         raise UsageError(f"--compression {codec!r} is not available for {fmt} "
-                         f"(choose from {', '.join(module.COMPRESSIONS)})")
+                         f"(choose from {', '.join(format_.COMPRESSIONS)})")
     if level is None:
         return
-    levels = module.COMPRESSION_LEVELS.get(codec)
+    levels = format_.COMPRESSION_LEVELS.get(codec)
     if levels is None:
-        takes = ", ".join(f"{name} {lo}-{hi}" for name, (lo, hi) in module.COMPRESSION_LEVELS.items())
+        takes = ", ".join(f"{name} {lo}-{hi}" for name, (lo, hi) in format_.COMPRESSION_LEVELS.items())
         raise UsageError(f"--compression-level: --compression {codec} takes no level (levels for {fmt}: {takes})")
     if not levels[0] <= level <= levels[1]:
         raise UsageError(f"--compression-level {level}: {codec} levels for {fmt} are {levels[0]} to {levels[1]}")

@@ -2,7 +2,8 @@
 
 Formats come from the registry (``trainfeed.converters.formats.registry.FORMATS``): each lists its
 pieces (Parquet/Delta row groups, HDF5 chunk slices, blob files) and reads one piece into
-columns. Pool "arrow" (the default) reads them with trainfeed's own engine
+columns; what a format can do (versions, Petastorm, fetching ahead) is asked of it, never
+decided by its name. Pool "arrow" (the default) reads them with trainfeed's own engine
 (``training/reading/engine.py``: seeded epoch plan, read-ahead threads, batches gathered with one copy
 per sample; resumable at any batch without re-reading). The Petastorm pools ("sharded",
 "process", "thread", "dummy") read Parquet and Delta stores through Petastorm, an optional
@@ -26,13 +27,15 @@ from typing import Iterator
 
 import numpy as np
 
-from trainfeed.converters.formats import delta, foreign_table
+from trainfeed.converters.formats import foreign_table
 from trainfeed.converters.storage import fetch
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.formats.foreign import HINT as FOREIGN_HINT
 from trainfeed.converters.storage.location import Location, is_remote, locate
 from trainfeed.converters.formats.options import Columns, ReadRequest
-from trainfeed.converters.formats.registry import FORMATS as REGISTRY, detect_format
+from trainfeed.converters.formats.interface import Format
+from trainfeed.converters.formats.registry import (DATA_SUFFIXES, FORMATS as REGISTRY, IN_PLACE, TABLE_SUFFIXES, detect_format,
+                                                   detect_table)
 
 from trainfeed.training.reading import engine, images, petastorm_reader
 from trainfeed.training.reading.store import Batch, ReaderOptions, Store
@@ -42,8 +45,8 @@ POOLS = ("arrow", *petastorm_reader.POOLS)
 
 
 def detect(path: str, storage_options: dict | None = None) -> str:
-    """The format of the store at ``path`` (local or URL); "blob" when it is not a store."""
-    return detect_format(path, storage_options) or "blob"
+    """The format of the store at ``path`` (local or URL); the small files ("blob") when it is not a store."""
+    return detect_format(path, storage_options) or IN_PLACE
 
 
 def open_store(path: str, fmt: str | None = None, opts: ReaderOptions = ReaderOptions()) -> Store:
@@ -60,16 +63,16 @@ def open_store(path: str, fmt: str | None = None, opts: ReaderOptions = ReaderOp
         fmt = _foreign_format(path, fmt, opts)
     detected = fmt is None
     fmt = fmt or detect(path, opts.storage_options)
-    if opts.delta_version is not None and fmt != "delta":
+    module = REGISTRY[fmt]
+    if opts.delta_version is not None and not module.versioned:
         raise UsageError(f"--delta-version applies to Delta tables only; {path} is a {fmt} store")
-    if remote and opts.pool != "arrow" and fmt in ("parquet", "delta"):
+    if remote and opts.pool != "arrow" and module.parquet_files:
         raise UsageError(f"--reader-pool {opts.pool}: Petastorm reads local stores only; stores on object storage "
                          "are read by the default pool, arrow")
-    module = REGISTRY[fmt]
     location = locate(path, opts.storage_options)
     if module.writable and not location.exists():
         raise TrainfeedError(f"{location.shown}: store not found")
-    if detected and fmt == "blob":
+    if detected and module.in_place:
         _check_sample_folder(location)
     request = ReadRequest(opts.field_name, opts.delta_version, opts.labels_csv, opts.storage_options,
                           opts.io_concurrency, opts.cache_dir, opts.cache_limit)
@@ -77,11 +80,11 @@ def open_store(path: str, fmt: str | None = None, opts: ReaderOptions = ReaderOp
         if opts.foreign is not None:
             listing = foreign_table.list_pieces(location, fmt, request, opts.foreign)
         else:
-            listing = module.list_pieces(path if fmt == "blob" else location, request)
+            listing = module.list_pieces(path if module.in_place else location, request)
     except TrainfeedError:
         raise
     except (OSError, ValueError, KeyError) as exc:
-        hint = f"; {FOREIGN_HINT}" if opts.foreign is None and _foreign_delta(location, fmt) else ""
+        hint = f"; {FOREIGN_HINT}" if opts.foreign is None and _foreign_table(location, module) else ""
         raise TrainfeedError(f"{location.shown}: cannot open as a {fmt} store: {exc}{hint}") from exc
     store_path = path if remote or not module.writable else location.path
     store = Store(store_path, fmt, listing.schema, listing.spec, listing.pieces, listing.rows, listing.version,
@@ -98,7 +101,7 @@ def open_store(path: str, fmt: str | None = None, opts: ReaderOptions = ReaderOp
 def _foreign_format(path: str, fmt: str | None, opts: ReaderOptions) -> str:
     """The format of a table read with ``opts.foreign``: Parquet or Delta (detected by its log),
     and what does not combine with reading one."""
-    if fmt not in (None, "parquet", "delta"):
+    if fmt is not None and not REGISTRY[fmt].parquet_files:
         raise UsageError(f"--tensor-column reads Parquet and Delta tables, not --format {fmt}")
     if opts.pool != "arrow":
         raise UsageError(f"--reader-pool {opts.pool}: a table read with --tensor-column is read by the default "
@@ -108,13 +111,14 @@ def _foreign_format(path: str, fmt: str | None, opts: ReaderOptions) -> str:
     if opts.field_name not in (None, opts.foreign.tensor_column):
         raise UsageError(f"--field {opts.field_name!r} names a field of a trainfeed store; with --tensor-column "
                          f"the tensor is column {opts.foreign.tensor_column!r}")
-    return fmt or ("delta" if delta.is_store(locate(path, opts.storage_options)) else "parquet")
+    return fmt or detect_table(path, opts.storage_options)
 
 
-def _foreign_delta(location: Location, fmt: str) -> bool:
-    """Whether a store that cannot be opened is a Delta table trainfeed did not write."""
+def _foreign_table(location: Location, module: Format) -> bool:
+    """Whether a store that cannot be opened is a table with a log (Delta) trainfeed did not
+    write: one read by naming its columns."""
     try:
-        return fmt == "delta" and not delta.written_by_trainfeed(location)
+        return module.versioned and module.parquet_files and not module.written_by_trainfeed(location)
     except ValueError:
         return False
 
@@ -126,13 +130,13 @@ def _check_sample_folder(location) -> None:
     if not location.exists():
         raise TrainfeedError(f"{location.shown}: not found (no store and no folder of sample files there)")
     if not location.fs.isdir(location.path):
-        if location.path.endswith(".parquet"):
+        if location.path.endswith(TABLE_SUFFIXES):
             raise TrainfeedError(f"{location.shown}: a Parquet file that is not a trainfeed store; {FOREIGN_HINT}")
         return
     names = [n for n in location.names() if not n.startswith(("_", "."))]  # Spark's _SUCCESS, checksums
-    data = [n for n in names if n.endswith((".parquet", ".h5", ".hdf5"))]
+    data = [n for n in names if n.endswith(DATA_SUFFIXES)]
     if data and len(data) == len(names):
-        foreign = any(n.endswith(".parquet") for n in data)
+        foreign = any(n.endswith(TABLE_SUFFIXES) for n in data)
         raise TrainfeedError(f"{location.shown}: not a complete store: {len(data)} data files but no "
                              "_trainfeed.json manifest or Delta log (the parts of an interrupted conversion?); "
                              "convert again" + (f"; {FOREIGN_HINT}" if foreign else ""))
@@ -164,7 +168,7 @@ def uses_petastorm(store: Store, opts: ReaderOptions) -> bool:
     if store.foreign is not None and opts.pool != "arrow":
         raise UsageError(f"--reader-pool {opts.pool}: a table read with --tensor-column is read by the default "
                          "pool, arrow")
-    return opts.pool in petastorm_reader.POOLS and store.fmt in ("parquet", "delta")
+    return opts.pool in petastorm_reader.POOLS and store.format.parquet_files
 
 
 def iter_batches(store: Store, opts: ReaderOptions, epoch: int = 0, start_batch: int = 0) -> Iterator[Batch]:
@@ -185,16 +189,17 @@ def iter_batches(store: Store, opts: ReaderOptions, epoch: int = 0, start_batch:
         augment = images.Augment(opts.seed, epoch) if opts.augment else None
         return images.decode_piece(cols, store.images, module.piece_file(store.pieces[i]), augment, empty)
 
-    span = getattr(module, "piece_span", None) if not store.local and store.foreign is None else None
-    fetcher = listing.extra["remote"].fetcher if span is not None else None
+    ahead = not store.local and store.foreign is None and store.format.fetches_ahead
 
     def upcoming(i: int) -> None:
-        fetcher.ahead(*span(listing, store.pieces[i]))
+        span = store.format.piece_span(listing, store.pieces[i])
+        if span is not None:
+            listing.extra["remote"].fetcher.ahead(*span)
 
     for x, y, ids in engine.run_epoch(
             epoch_plan(store, opts, epoch), store.piece_rows, read,
-            lambda i: module.piece_file(store.pieces[i]), workers=reading_threads(store, opts, fetch_ahead=bool(span)),
-            start_batch=start_batch, upcoming=upcoming if span else None,
+            lambda i: module.piece_file(store.pieces[i]), workers=reading_threads(store, opts, fetch_ahead=ahead),
+            start_batch=start_batch, upcoming=upcoming if ahead else None,
             ahead=pieces_ahead(store, opts)):
         yield Batch(x, y, ids)
 
@@ -239,7 +244,7 @@ def _fingerprint(store: Store) -> dict:
     first or last samples (a rewrite differing in none of these is the one blind spot, and a
     store written with a store_id has none)."""
     schema = {k: v for k, v in store.schema.to_dict().items() if k != "source"}
-    if store.fmt == "blob":
+    if store.format.in_place:  # the pieces are the files
         files = [[f.id, f.size] for f in store.pieces]
     else:
         files = [_file_entry(store, f) for f in store.extra["files"]]

@@ -80,7 +80,7 @@ def check_reachable(address: str) -> None:
 
 def check_store(store: Store) -> None:
     """The offloaded pipeline reads local image folders of 8-bit JPEG/PNG files."""
-    if store.fmt != "blob" or store.images is None:
+    if not store.format.in_place or store.images is None:
         raise UsageError(f"--data-service: {store.path} is a {store.fmt} store of "
                          f"{'encoded images' if store.images else 'arrays'}; the service's workers run TensorFlow "
                          "ops only and TensorFlow has no reader for it: train from the image folder (JPEG/PNG "

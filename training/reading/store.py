@@ -8,6 +8,7 @@ import numpy as np
 
 from trainfeed.converters.formats import foreign_table
 from trainfeed.converters.formats.foreign import ForeignSchema
+from trainfeed.converters.formats.interface import Format, PieceReader
 from trainfeed.converters.layout import DatasetSchema, FieldSpec
 from trainfeed.converters.formats.registry import FORMATS as REGISTRY
 from trainfeed.converters.storage import fetch
@@ -77,9 +78,14 @@ class Store:
         return sum(self.piece_rows)
 
     @property
-    def module(self):
-        """The read side: the format's module in the registry, or the foreign-table reader."""
-        return foreign_table if self.foreign else REGISTRY[self.fmt]
+    def format(self) -> Format:
+        """The store's format in the registry (a table another tool wrote: Parquet or Delta)."""
+        return REGISTRY[self.fmt]
+
+    @property
+    def module(self) -> PieceReader:
+        """What reads its pieces: the format, or the reader of a table another tool wrote."""
+        return foreign_table.READER if self.foreign else REGISTRY[self.fmt]
 
     def shard_pieces(self, shard: int, num_shards: int) -> list[int]:
         return [i for i in range(len(self.pieces)) if i % num_shards == shard]

@@ -1,35 +1,66 @@
-"""The format registry: every registered module provides the whole interface, and every writable
-format round-trips, with every codec it offers, through both of its read paths (what --verify
-reads and what training reads). A new format is one module plus its line in FORMATS."""
+"""The format registry: every registered format is an object implementing ``interface.Format``
+(checked here at run time, and by mypy where it is installed), what the registry derives from
+the formats' declarations matches what their writers write, and every writable format
+round-trips, with every codec it offers, through both of its read paths (what --verify reads and
+what training reads). A new format is one module (with its Format object) plus its line in FORMATS."""
 from __future__ import annotations
+
+import inspect
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from trainfeed.converters.layout import DatasetSchema, FieldSpec
+from trainfeed.converters.formats.foreign_table import READER
+from trainfeed.converters.formats.interface import Format, PieceReader
+from trainfeed.converters.layout import MANIFEST, DatasetSchema, FieldSpec
 from trainfeed.converters.formats.options import ReadRequest, WriteOptions
+from trainfeed.converters.publish import _tagged
 from trainfeed.converters.sources.decode import Sample
-from trainfeed.converters.formats.registry import FORMATS, WRITABLE, detect_format
+from trainfeed.converters.formats.registry import (FORMATS, IN_PLACE, PART, RUN_PART, WRITABLE, detect_format,
+                                                   identify)
 
-READ_SIDE = ("name", "label", "writable", "UNIT", "list_pieces", "read_piece", "read_labels", "piece_file")
-WRITE_SIDE = ("write", "read_schema", "read_samples", "is_store", "COMPRESSIONS", "DEFAULT_COMPRESSION",
-              "COMPRESSION_LEVELS")
+ROOT = Path(__file__).resolve().parents[3]
+CAPABILITIES = ("writable", "versioned", "in_place", "parquet_files", "fetches_ahead", "single_file")
+
+
+def _methods(protocol: type) -> list[str]:
+    return sorted(name for name, value in vars(protocol).items() if inspect.isfunction(value) and not name.startswith("_"))
+
+
+def _shape(fn) -> list[tuple]:
+    """A method's parameters as a caller sees them: names, kinds, whether each has a default."""
+    return [(p.name, p.kind, p.default is inspect.Parameter.empty) for p in inspect.signature(fn).parameters.values()]
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
-def test_every_format_module_provides_the_interface(fmt):
-    module = FORMATS[fmt]
-    assert module.name == fmt and isinstance(module.label, str) and isinstance(module.writable, bool)
-    missing = [a for a in READ_SIDE + (WRITE_SIDE if module.writable else ()) if not hasattr(module, a)]
-    assert not missing, f"{module.__name__} lacks {missing}"
-    if module.writable:
-        assert module.DEFAULT_COMPRESSION in module.COMPRESSIONS
-        assert set(module.COMPRESSION_LEVELS) <= set(module.COMPRESSIONS)
+def test_every_format_implements_the_interface(fmt):
+    f = FORMATS[fmt]
+    assert isinstance(f, Format)  # every member present
+    assert f.name == fmt and all(isinstance(getattr(f, a), str) and getattr(f, a) for a in ("label", "noun", "UNIT"))
+    assert all(isinstance(getattr(f, c), bool) for c in CAPABILITIES)
+    for name in _methods(Format) + _methods(PieceReader):  # each with the interface's one signature
+        assert _shape(getattr(type(f), name)) == _shape(getattr(Format, name)), f"{fmt}.{name}"
+    if f.writable:
+        assert f.DEFAULT_COMPRESSION in f.COMPRESSIONS and set(f.COMPRESSION_LEVELS) <= set(f.COMPRESSIONS)
+        assert f.commit_record and f.part_names and f.run_part_names and f.suffixes
+    if f.single_file or f.commit_record not in (None, MANIFEST):  # identify names what trainfeed did not write
+        assert f.foreign_noun
+    if f.fetches_ahead:
+        assert f.parquet_files  # piece_span names a row group's bytes
 
 
-def test_writable_formats_are_the_registry_s():
-    assert WRITABLE == [name for name, m in FORMATS.items() if m.writable]
+def test_the_registry_is_what_the_formats_declare():
+    assert WRITABLE == [name for name, f in FORMATS.items() if f.writable]
     assert {"parquet", "delta", "hdf5"} <= set(WRITABLE) and "blob" in FORMATS and "blob" not in WRITABLE
+    assert IN_PLACE == "blob" and [f.name for f in FORMATS.values() if f.in_place] == [IN_PLACE]
+    assert [f.name for f in FORMATS.values() if f.versioned] == ["delta"]
+    assert isinstance(READER, PieceReader) and not isinstance(READER, Format)
 
 
 def _samples(n: int) -> dict[str, Sample]:
@@ -49,9 +80,18 @@ def test_round_trip_through_the_registry(tmp_path, fmt, codec):
     batch = list(truth.values())
     dst = tmp_path / "store"
     opts = WriteOptions(target_file_size=1_000, row_group_size=10 * 96, hdf5_chunk_size=5 * 96, compression=codec)
-    module.write(dst, schema, iter([batch[i:i + 10] for i in range(0, 50, 10)]), opts)
+    completed: list[str] = []
+    module.write(dst, schema, iter([batch[i:i + 10] for i in range(0, 50, 10)]), opts, completed.append)
     assert module.is_store(dst) and detect_format(dst) == fmt
+    assert module.written_by_trainfeed(dst) and identify(dst).fmt == fmt
     assert module.read_schema(dst).samples == 50
+    # the names the registry derives from the format's declarations are its writer's
+    names = [Path(f).name for f in module.data_files(dst)]
+    assert len(names) > 1 and sorted(completed) == sorted(names)
+    assert all(n.endswith(module.suffixes) and re.fullmatch(module.part_names, n) and PART.fullmatch(n) for n in names)
+    uploaded = names if module.commit_record != MANIFEST else [_tagged(n, "0123abcd") for n in names]  # publish.py's
+    assert all(re.fullmatch(module.run_part_names, n) and RUN_PART.fullmatch(n) for n in uploaded)
+    assert (dst / module.commit_record).exists()
     # what --verify reads
     rows = {sid: (label, fields["volume"]) for sid, label, fields in module.read_samples(dst)}
     assert sorted(rows) == sorted(truth)
@@ -64,7 +104,41 @@ def test_round_trip_through_the_registry(tmp_path, fmt, codec):
     for piece, n in zip(listing.pieces, listing.rows):
         cols = module.read_piece(listing, piece, {})
         assert len(cols.ids) == len(cols.labels) == len(cols.x) == n
+        assert module.piece_span(listing, piece) is None  # local: nothing to fetch ahead
         for sid, label, x in zip(cols.ids, cols.labels, cols.x):
             seen[sid] = (int(label), x.tobytes())
     assert seen == {sid: (s.label, s.fields["volume"].tobytes()) for sid, s in truth.items()}
     assert sorted(np.concatenate(list(module.read_labels(listing))).tolist()) == sorted(s.label for s in batch)
+
+
+# ------------------------------------------------------------------ mypy: the same, checked statically
+
+#: What mypy reports when a format does not implement the interface (a member missing, a
+#: signature not the interface's) or the registry holds something that is not a Format.
+INTERFACE_ERRORS = re.compile(r"\[(override|abstract|dict-item|arg-type|assignment|misc)\]")
+
+
+@pytest.mark.slow
+def test_mypy_checks_every_format_against_the_interface(tmp_path, request):
+    """mypy over the format modules and the registry (the package-dir mapping rebuilt as links,
+    which mypy cannot read from pyproject): no format fails the interface. Other typing errors
+    in those modules are not this test's concern."""
+    pytest.importorskip("mypy.api")
+    tree = tmp_path / "tree"
+    dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    for package, folder in dirs.items():  # a real folder per package, linking its modules
+        target = tree.joinpath(*package.split("."))
+        target.mkdir(parents=True, exist_ok=True)
+        for module in (ROOT / folder).glob("*.py"):
+            (target / module.name).symlink_to(module)
+    cache = request.config.cache.mkdir("mypy") if getattr(request.config, "cache", None) else tmp_path / "cache"
+    modules = [f"trainfeed.converters.formats.{m}" for m in ("interface", "registry", "foreign_table")] + \
+        [type(f).__module__ for f in FORMATS.values()]
+    args = [sys.executable, "-m", "mypy", "--follow-imports=silent", "--ignore-missing-imports", "--cache-dir",
+            str(cache), *(a for m in dict.fromkeys(modules) for a in ("-m", m))]
+    out = subprocess.run(args, cwd=tree, capture_output=True, text=True, env={**os.environ, "MYPYPATH": str(tree)})
+    assert out.returncode in (0, 1), out.stderr  # 1: errors found, 2: mypy itself failed
+    wrong = [line for line in out.stdout.splitlines() if INTERFACE_ERRORS.search(line)
+             and ("/formats/registry.py" in line or "/formats/interface.py" in line or "[override]" in line
+                  or "[abstract]" in line)]
+    assert not wrong, "\n".join(wrong)
