@@ -17,13 +17,10 @@ import tempfile
 import uuid
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
-from deltalake import ColumnProperties, CommitProperties, DeltaTable, Schema, WriterProperties
-from deltalake.exceptions import DeltaError, TableNotFoundError
-from deltalake.transaction import AddAction, create_table_with_add_actions
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.redact import redact_url
@@ -38,6 +35,20 @@ from trainfeed.converters.storage.upload import Uploader
 from trainfeed.converters.formats.parquet import COMPRESSION_LEVELS, COMPRESSIONS, DEFAULT_COMPRESSION, UNIT, read_labels, read_piece, piece_span
 from trainfeed.converters.sources.decode import Sample
 
+if TYPE_CHECKING:
+    from deltalake import CommitProperties, DeltaTable, WriterProperties
+    from deltalake.transaction import AddAction
+
+
+def _deltalake() -> Any:
+    """delta-rs, loaded on first use: a process that never touches a Delta table (a reader of
+    Parquet or HDF5, a DataLoader worker) neither loads its large native library nor needs it."""
+    import deltalake
+    import deltalake.exceptions
+    import deltalake.transaction
+
+    return deltalake
+
 FORMAT = "delta"
 LOG = "_delta_log"
 _DELTA_COMPRESSION = {"none": "UNCOMPRESSED", "lz4": "LZ4_RAW"}
@@ -45,8 +56,8 @@ _DELTA_COMPRESSION = {"none": "UNCOMPRESSED", "lz4": "LZ4_RAW"}
 
 def writer_properties(schema: DatasetSchema, opts: WriteOptions, rows_per_group: int) -> WriterProperties:
     # As for Parquet: no dictionaries or statistics on tensor columns (CPU spent, nothing gained).
-    plain = ColumnProperties(dictionary_enabled=False, statistics_enabled="NONE")
-    return WriterProperties(
+    plain = _deltalake().ColumnProperties(dictionary_enabled=False, statistics_enabled="NONE")
+    return _deltalake().WriterProperties(
         compression=_DELTA_COMPRESSION.get(opts.compression, opts.compression.upper()),
         compression_level=opts.compression_level,
         max_row_group_size=rows_per_group,
@@ -66,10 +77,10 @@ def open_table(path, version: int | None = None, storage_options: dict[str, str]
     if isinstance(path, Location):
         path, storage_options = path.delta_uri(), path.delta_options() or None
     try:
-        return DeltaTable(str(path), version=version, storage_options=storage_options)
-    except TableNotFoundError as exc:
+        return _deltalake().DeltaTable(str(path), version=version, storage_options=storage_options)
+    except _deltalake().exceptions.TableNotFoundError as exc:
         raise ValueError(f"{shown}: not a Delta table") from exc
-    except DeltaError as exc:  # a corrupt or truncated log; delta-rs appends a backtrace
+    except _deltalake().exceptions.DeltaError as exc:  # a corrupt or truncated log; delta-rs appends a backtrace
         raise ValueError(f"{shown}/_delta_log: cannot read the Delta log: {str(exc).splitlines()[0]}") from exc
 
 
@@ -80,7 +91,7 @@ def _shown(path) -> str:
 def _commit_history(table: DeltaTable) -> list[dict]:
     try:
         return table.history()
-    except DeltaError as exc:
+    except _deltalake().exceptions.DeltaError as exc:
         raise ValueError(f"{_location(table)}/_delta_log: cannot read the commit history: "
                          f"{str(exc).splitlines()[0]}") from exc
 
@@ -140,7 +151,7 @@ def _location(table: DeltaTable) -> str:
 
 
 def _commit_properties(schema: DatasetSchema) -> CommitProperties:
-    return CommitProperties(custom_metadata={DATASET_META: schema.to_json()})
+    return _deltalake().CommitProperties(custom_metadata={DATASET_META: schema.to_json()})
 
 
 def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
@@ -175,12 +186,12 @@ def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: Wr
             if uploader is not None:
                 uploader.finish()
             actions = [_add_action(p, schema.labeled) for p in parts]
-            delta_schema = Schema.from_arrow(arrow_schema(schema, opts.tensor_column))
+            delta_schema = _deltalake().Schema.from_arrow(arrow_schema(schema, opts.tensor_column))
             if opts.mode == "create":
                 with publishing():
-                    create_table_with_add_actions(loc.delta_uri(), delta_schema, actions, mode="error",
-                                                  storage_options=loc.delta_options() or None,
-                                                  commit_properties=_commit_properties(schema))
+                    _deltalake().transaction.create_table_with_add_actions(
+                        loc.delta_uri(), delta_schema, actions, mode="error",
+                        storage_options=loc.delta_options() or None, commit_properties=_commit_properties(schema))
             else:
                 table = open_table(loc) if since_version is None else \
                     _recheck(loc, since_version, written if opts.mode == "append" else [])
@@ -283,8 +294,9 @@ def restore(path, version: int) -> None:
 def create_table(folder: Path, parts: list[Part], schema: DatasetSchema, tensor_column: str) -> None:
     """Commit Parquet ``parts`` already in ``folder`` as version 0 of a new Delta table."""
     actions = [_add_action(p, schema.labeled) for p in parts]
-    create_table_with_add_actions(str(folder), Schema.from_arrow(arrow_schema(schema, tensor_column)), actions,
-                                  mode="error", commit_properties=_commit_properties(schema))
+    delta_schema = _deltalake().Schema.from_arrow(arrow_schema(schema, tensor_column))
+    _deltalake().transaction.create_table_with_add_actions(str(folder), delta_schema, actions, mode="error",
+                                                           commit_properties=_commit_properties(schema))
 
 
 def describe_part(folder: Path, name: str) -> Part:
@@ -309,7 +321,7 @@ def _add_action(part: Part, labeled: bool) -> AddAction:
         "maxValues": {ID: part.max_id, **({LABEL: part.labels[1]} if labeled else {})},
         "nullCount": {ID: 0, LABEL: 0 if labeled else part.rows},
     }
-    return AddAction(part.file, part.size, {}, part.written_ms, True, json.dumps(stats))
+    return _deltalake().transaction.AddAction(part.file, part.size, {}, part.written_ms, True, json.dumps(stats))
 
 
 def _sample_nbytes(schema: DatasetSchema) -> int:
