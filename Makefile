@@ -73,6 +73,8 @@ test-fast: $(VENV)/.installed
 demo: $(VENV)/.installed
 	bash scripts/demo.sh $(DEMO)
 
+# The developer micro-benchmarks (benchmarks/micro) are not in the wheel: they run from this
+# checkout, which $(VENV)'s editable install maps to trainfeed.benchmarks (micro included).
 bench-convert: $(VENV)/.installed
 	$(PY) -m trainfeed.benchmarks.micro.convert_bench --out bench-out/convert.jsonl
 

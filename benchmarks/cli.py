@@ -11,9 +11,8 @@ from typing import List, Optional
 
 import typer
 
-from trainfeed.converters.cli_common import exit_codes
-from trainfeed.converters.errors import TrainfeedError, UsageError
-from trainfeed.converters.progress import progress_bar
+from trainfeed.converters.errors import TrainfeedError, UsageError, exit_codes
+from trainfeed.converters.progress import MatrixProgress, progress_bar
 from trainfeed.converters.redact import redact, redact_json
 from trainfeed.converters.storage.fetch import DEFAULT_IO_CONCURRENCY
 
@@ -181,14 +180,13 @@ def run(
                                             "OUT/reference.json."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    from trainfeed.converters.cli import parse_resize
-    from trainfeed.converters.cli_common import parse_storage_options
+    from trainfeed.converters.sources.decode import parse_resize
+    from trainfeed.converters.storage.config import parse_storage_options
 
     from trainfeed.benchmarks.report import report as report_mod
     from trainfeed.benchmarks.ab.config import MatrixConfig
     from trainfeed.benchmarks.ab.matrix import run_matrix
     from trainfeed.benchmarks.model.projection import parse_loader
-    from trainfeed.benchmarks.ab.progress import MatrixProgress
     from trainfeed.benchmarks.ab.config import prepare
     from trainfeed.benchmarks.model.scenario import load_scenario
 
@@ -305,8 +303,8 @@ def probe(
                                   "probe objects (read-only credentials)."),
     as_json: bool = typer.Option(False, "--json", help="Print the profile as JSON."),
 ) -> None:
-    from trainfeed.converters.cli_common import parse_storage_options
     from trainfeed.converters.formats.options import parse_size
+    from trainfeed.converters.storage.config import parse_storage_options
 
     from trainfeed.benchmarks.ab import storagesim  # noqa: F401  registers emulated://
     from trainfeed.benchmarks.ab.probe import ProbeConfig, summary

@@ -1,22 +1,21 @@
 """`convert SRC DST --to parquet|delta|hdf5`: the command line around converters.convert."""
 from __future__ import annotations
 
-import os
 import sys
 from enum import Enum
 from typing import List, Optional
 
 import typer
 
-from trainfeed.converters.convert import ConvertConfig, convert
-from trainfeed.converters.errors import UsageError
+from trainfeed.converters.convert import ConvertConfig, convert, default_workers
+from trainfeed.converters.errors import UsageError, exit_codes
 from trainfeed.converters.formats.options import WriteOptions, parse_size
 from trainfeed.converters.progress import progress_bar
-from trainfeed.converters.cli_common import exit_codes, parse_storage_options
 from trainfeed.converters.redact import redact, redact_json
-from trainfeed.converters.sources.decode import ImageOptions
+from trainfeed.converters.sources.decode import ImageOptions, parse_resize
 from trainfeed.converters.formats.registry import FORMATS, WRITABLE
 from trainfeed.converters.sources.labels import labels_in_source
+from trainfeed.converters.storage.config import parse_storage_options
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 
@@ -46,22 +45,6 @@ class TensorColumn(str, Enum):
 class ImageStorage(str, Enum):
     encoded = "encoded"
     decoded = "decoded"
-
-
-def parse_resize(text: str | None, option: str = "--resize") -> tuple[int, int] | None:
-    if text is None:
-        return None
-    parts = text.lower().split("x")
-    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise UsageError(f"{option} expects HEIGHTxWIDTH such as 64x64, got {text!r}")
-    return int(parts[0]), int(parts[1])
-
-
-
-
-def default_workers(src: str) -> int:
-    remote = "://" in src and not src.startswith("file://")
-    return 16 if remote else max(1, os.cpu_count() or 1)
 
 
 def _human_summary(s: dict, resized: bool = False, found: str | None = None) -> str:

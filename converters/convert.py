@@ -49,6 +49,13 @@ class ConvertConfig:
     storage_options: dict[str, str] = field(default_factory=dict)
 
 
+def default_workers(src: str) -> int:
+    """``workers`` when none is given: one per CPU core for a local source, 16 for a remote one
+    (reads there wait on the network)."""
+    remote = "://" in src and not src.startswith("file://")
+    return 16 if remote else max(1, os.cpu_count() or 1)
+
+
 def check_config(cfg: ConvertConfig) -> None:
     """Usage errors (exit 2): options that cannot work together."""
     if cfg.fmt not in WRITABLE:
@@ -260,7 +267,7 @@ def _publish_remote(dst: Location, cfg: ConvertConfig, schema: DatasetSchema, ba
 
 
 def convert(cfg: ConvertConfig, progress: ProgressFn | None = None,
-            on_listed: Callable[[int, int], None] | None = None) -> dict:
+            on_listed: Callable[[int], None] | None = None) -> dict:
     """Convert ``cfg.src`` into a ``cfg.fmt`` store at ``cfg.dst``; returns the run summary.
 
     Nothing becomes visible at ``cfg.dst`` unless the whole store (and, with ``verify``, its
@@ -286,7 +293,7 @@ def convert(cfg: ConvertConfig, progress: ProgressFn | None = None,
 
 
 def _convert_to_storage(cfg: ConvertConfig, t0: float, progress: ProgressFn | None,
-                        on_listed: Callable[[int, int], None] | None) -> dict:
+                        on_listed: Callable[[int], None] | None) -> dict:
     """``convert`` to a URL. No lock file: object stores offer none that every one of them
     honours (see converters/publish.py for what concurrent writers get)."""
     dst = locate(cfg.dst, cfg.storage_options)
@@ -302,7 +309,7 @@ def _convert_to_storage(cfg: ConvertConfig, t0: float, progress: ProgressFn | No
 
 
 def _convert(cfg: ConvertConfig, dst: Location, t0: float, progress: ProgressFn | None,
-             on_listed: Callable[[int, int], None] | None, interrupts: SafeInterrupts) -> dict:
+             on_listed: Callable[[int], None] | None, interrupts: SafeInterrupts) -> dict:
     existing = check_destination(dst, cfg.write.mode)
     fs, listing = list_source(cfg.src, cfg.storage_options)
     labels = resolve_labels(listing.files, labels_csv=cfg.labels_csv, folder_labels=cfg.folder_labels,
@@ -312,7 +319,7 @@ def _convert(cfg: ConvertConfig, dst: Location, t0: float, progress: ProgressFn 
         raise TrainfeedError(f"{first.path}: no label for id {first.id!r} in {cfg.labels_csv} "
                              f"({len(labels.missing)} files without a label; --on-error skip converts the rest)")
     if on_listed:
-        on_listed(len(listing.files), sum(f.size for f in listing.files))
+        on_listed(len(listing.files))
     # Delta overwrites and appends are commits to the table in place; the rest is staged.
     table = _existing_table(dst) if FORMATS[cfg.fmt].versioned and existing == cfg.fmt else None
     appending = table is not None and cfg.write.mode == "append"

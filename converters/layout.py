@@ -135,10 +135,6 @@ class DatasetSchema:
     def from_json(cls, text: str | bytes) -> DatasetSchema:
         return cls.from_dict(json.loads(text))
 
-    def same_content_as(self, other: DatasetSchema) -> bool:
-        """Whether two stores hold samples of the same kind (for appends)."""
-        return self.fields == other.fields and self.labeled == other.labeled
-
 
 # ---------------------------------------------------------------- validation of a stored schema
 
@@ -191,10 +187,6 @@ def _field_problem(f: Any) -> str | None:
 
 
 # ---------------------------------------------------------------- Arrow form
-
-#: How a tensor becomes an Arrow column (a store-level choice; readers look at the type).
-TENSOR_COLUMNS = ("binary", "list")
-
 
 def _arrow_value_type(spec: FieldSpec, tensor_column: str) -> pa.DataType:
     if not spec.is_raw or tensor_column == "binary":

@@ -25,7 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from trainfeed.converters.formats import delta
-from trainfeed.converters.cli_common import parse_storage_options
+from trainfeed.converters.storage.config import parse_storage_options
 from trainfeed.converters.commit import DestinationLock, Staging
 from trainfeed.converters.convert import source_location, write_rejects_report
 from trainfeed.converters.destination import check_apart, check_destination, destination_path

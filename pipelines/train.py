@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
-from trainfeed.training.cli import run as train_one
+from trainfeed.training.loops.loop import run as train_one
 from trainfeed.training.config import TrainConfig, check
 
 from trainfeed.pipelines.entry import run_job

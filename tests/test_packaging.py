@@ -72,6 +72,7 @@ def test_the_wheel_installs_one_top_level_package(wheel):
     assert subpackages == {"converters", "training", "benchmarks", "pipelines"}
     assert "trainfeed/py.typed" in names
     assert {n for n in names if n.endswith(".py")} == package_sources()  # every module, nothing stale
+    assert not [n for n in names if n.startswith("trainfeed/benchmarks/micro/")]  # make bench-*: a checkout's
     assert zipfile.ZipFile(wheel).read(f"{dist_info}/top_level.txt").decode().split() == ["trainfeed"]
 
 

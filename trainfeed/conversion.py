@@ -5,7 +5,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
-from trainfeed.converters.convert import ConvertConfig
+from trainfeed.converters.convert import ConvertConfig, default_workers
 from trainfeed.converters.convert import convert as _convert
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.formats.options import WriteOptions, parse_size
@@ -70,7 +70,6 @@ def convert(src: str, dst: str, *, format: WritableFormat, labels: str | None = 
     (``UsageError`` for options that cannot work)."""
     if image_mode not in ("RGB", "L"):
         raise UsageError(f"image_mode must be RGB or L, not {image_mode!r}")
-    from trainfeed.converters.cli import default_workers
     from trainfeed.converters.sources.labels import labels_in_source
 
     default_codec = getattr(FORMATS.get(format), "DEFAULT_COMPRESSION", "none")  # unknown format: check_config says so

@@ -27,7 +27,7 @@ class TrainResult:
 def train(config: TrainConfig) -> TrainResult:
     """Check ``config`` (``UsageError`` for options that cannot work) and train; writes
     summary.json, steps.jsonl and utilization.jsonl to ``config.out``."""
-    from trainfeed.training.cli import run
+    from trainfeed.training.loops.loop import run
 
     s = run(config)
     return TrainResult(framework=s["framework"], store=s["store"], format=s["format"], steps=s["steps"],

@@ -9,15 +9,16 @@ from typing import List, Optional
 
 import typer
 
-from trainfeed.converters.cli import parse_resize
-from trainfeed.converters.cli_common import exit_codes, parse_storage_options
+from trainfeed.converters.errors import exit_codes
 from trainfeed.converters.formats.foreign import ENCODINGS, foreign_schema
 from trainfeed.converters.layout import SUPPORTED_DTYPES
 from trainfeed.converters.formats.options import parse_size
 from trainfeed.converters.redact import redact, redact_json
 from trainfeed.converters.formats.registry import FORMATS
+from trainfeed.converters.sources.decode import parse_resize
+from trainfeed.converters.storage.config import parse_storage_options
 
-from trainfeed.training.config import TrainConfig, check
+from trainfeed.training.config import TrainConfig
 from trainfeed.training.reading.readers import POOLS
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
@@ -37,14 +38,6 @@ Fmt = Enum("Fmt", {name: name for name in FORMATS}, type=str)
 Pool = Enum("Pool", {name: name for name in POOLS}, type=str)
 TensorEncoding = Enum("TensorEncoding", {name: name for name in ENCODINGS}, type=str)
 Dtype = Enum("Dtype", {name: name for name in SUPPORTED_DTYPES}, type=str)
-
-
-def run(cfg: TrainConfig) -> dict:
-    """``train``: check the options, then run the loop; the summary (summary.json)."""
-    from trainfeed.training.loops.loop import train
-
-    check(cfg)
-    return train(cfg)
 
 
 def _sig(x: float, digits: int = 3) -> str:
@@ -219,6 +212,8 @@ def main_command(
                                    tensor_encoding.value if tensor_encoding else None),
             cli=True,
         )
+        from trainfeed.training.loops.loop import run  # the loop's imports wait for a run (--help stays quick)
+
         summary = run(cfg)
     typer.echo(redact_json(summary) if as_json else redact(_human(summary)))
 

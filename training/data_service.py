@@ -1,4 +1,6 @@
-"""Run a tf.data service on this machine, for ``train --data-service`` (either --framework):
+"""`python -m trainfeed.training.data_service`: a command users start (README, `train
+--data-service`), not a process trainfeed starts itself. Runs a tf.data service on this machine, for
+``train --data-service`` (either --framework):
 
     python -m trainfeed.training.data_service dispatcher --port 5050
     python -m trainfeed.training.data_service worker --dispatcher grpc://localhost:5050 --port 5051
@@ -10,13 +12,16 @@ times the offloaded input pipeline alone (images/s), in this process without --s
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
+from typing import Optional
 
 import typer
+
+from trainfeed.converters.errors import exit_codes
+from trainfeed.converters.sources.decode import parse_resize
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -60,38 +65,52 @@ def measure(data: str, image_size: tuple[int, int], batch_size: int, service: st
             "service": service, "image_size": list(image_size), "augment": augment}
 
 
-def main(argv: list[str] | None = None) -> int:
-    from trainfeed.converters.cli import parse_resize
-    from trainfeed.converters.cli_common import exit_codes
+app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},
+                  help="Run a tf.data service on this machine, for `train --data-service` (either --framework):"
+                       "\n\n\b\n"
+                       "  python -m trainfeed.training.data_service dispatcher --port 5050\n"
+                       "  python -m trainfeed.training.data_service worker --dispatcher grpc://localhost:5050 "
+                       "--port 5051\n"
+                       "  python -m trainfeed.training.data_service measure --data IMAGES --image-size 64x64 "
+                       "[--service grpc://...]\n\n"
+                       "The servers are TensorFlow's (DispatchServer and WorkerServer); each command serves until "
+                       "it is stopped (SIGTERM / Ctrl-C). `measure` times the offloaded input pipeline alone "
+                       "(images/s), in this process without --service.")
 
-    parser = argparse.ArgumentParser(prog="python -m trainfeed.training.data_service", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("dispatcher", help="Run a dispatcher (train's --data-service grpc://HOST:PORT points here).")
-    d.add_argument("--port", type=int, required=True)
-    w = sub.add_parser("worker", help="Run a worker that registers with a dispatcher and runs input pipelines.")
-    w.add_argument("--dispatcher", required=True, help="grpc://HOST:PORT of the dispatcher.")
-    w.add_argument("--port", type=int, required=True)
-    w.add_argument("--host", default="localhost", help="How the trainer reaches this worker (default localhost).")
-    m = sub.add_parser("measure", help="Images/s of the offloaded input pipeline over one epoch of an image folder.")
-    m.add_argument("--data", required=True)
-    m.add_argument("--image-size", required=True, help="HEIGHTxWIDTH, e.g. 64x64.")
-    m.add_argument("--batch-size", type=int, default=32)
-    m.add_argument("--service", default=None, help="grpc://HOST:PORT; default: run the pipeline in this process.")
-    m.add_argument("--no-augment", dest="augment", action="store_false")
-    args = parser.parse_args(argv)
-    try:
-        with exit_codes():
-            if args.command == "dispatcher":
-                dispatcher(args.port)
-            elif args.command == "worker":
-                worker(args.dispatcher, args.port, args.host)
-            else:
-                print(json.dumps(measure(args.data, parse_resize(args.image_size, "--image-size"), args.batch_size,
-                                         args.service, args.augment)))
-    except typer.Exit as exc:  # exit_codes printed the error
-        return exc.exit_code
-    return 0
+
+@app.command("dispatcher", help="Run a dispatcher (train's --data-service grpc://HOST:PORT points here).")
+def dispatcher_command(port: int = typer.Option(..., "--port")) -> None:
+    with exit_codes():
+        dispatcher(port)
+
+
+@app.command("worker", help="Run a worker that registers with a dispatcher and runs input pipelines.")
+def worker_command(
+    address: str = typer.Option(..., "--dispatcher", help="grpc://HOST:PORT of the dispatcher."),
+    port: int = typer.Option(..., "--port"),
+    host: str = typer.Option("localhost", "--host", help="How the trainer reaches this worker."),
+) -> None:
+    with exit_codes():
+        worker(address, port, host)
+
+
+@app.command("measure", help="Images/s of the offloaded input pipeline over one epoch of an image folder.")
+def measure_command(
+    data: str = typer.Option(..., "--data"),
+    image_size: str = typer.Option(..., "--image-size", help="HEIGHTxWIDTH, e.g. 64x64."),
+    batch_size: int = typer.Option(32, "--batch-size"),
+    service: Optional[str] = typer.Option(None, "--service", help="grpc://HOST:PORT; default: run the pipeline in "
+                                          "this process."),
+    no_augment: bool = typer.Option(False, "--no-augment"),
+) -> None:
+    with exit_codes():
+        print(json.dumps(measure(data, parse_resize(image_size, "--image-size"), batch_size, service,
+                                 not no_augment)))
+
+
+def main() -> None:
+    app(prog_name="python -m trainfeed.training.data_service")
 
 
 if __name__ == "__main__":

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
+from trainfeed.converters.progress import MatrixProgress, NullProgress
 from trainfeed.converters.redact import redact, register_storage_options
 from trainfeed.training.metrics import environment
 from trainfeed.training.reading.readers import ReaderOptions
 
 from trainfeed.benchmarks.ab.config import CELL_ERRORS, IMAGE_STORAGES, REAL_NODES, STORES, MatrixConfig
 from trainfeed.benchmarks.ab.measure import compute_only_tf, compute_only_torch, emulated_run, ingest_only, real_cpu_run
-from trainfeed.benchmarks.ab.progress import MatrixProgress, NullProgress
 from trainfeed.benchmarks.ab.results import RESULTS_VERSION, ResultsFile, error_record, storage_record
 from trainfeed.benchmarks.ab.staging import Staged, connections, reader_options, stage_stores
 from trainfeed.benchmarks.ab.storage import Backend, StoreSource, check_labels, local_copy, open_backend, plan_backend

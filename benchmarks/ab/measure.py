@@ -213,7 +213,7 @@ def emulated_run(src: StoreSource, opts: ReaderOptions, step_s: float, steps: in
 
 def real_cpu_run(src: StoreSource, cfg: MatrixConfig, framework: str, out_dir: Path, device: str = "cpu",
                  image_size: tuple[int, int] | None = None) -> dict:
-    from trainfeed.training.cli import run
+    from trainfeed.training.loops.loop import run
 
     tcfg = TrainConfig(data=src.path, fmt=src.fmt, framework=framework,
                        device=device, batch_size=cfg.batch_size, steps_per_epoch=cfg.cpu_steps, epochs=1,

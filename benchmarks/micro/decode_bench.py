@@ -41,10 +41,9 @@ from typing import Callable
 import numpy as np
 from PIL import Image, ImageDraw
 
-from trainfeed.converters.cli import parse_resize
 from trainfeed.converters.convert import ConvertConfig, convert
 from trainfeed.converters.formats.options import WriteOptions
-from trainfeed.converters.sources.decode import ImageOptions
+from trainfeed.converters.sources.decode import ImageOptions, parse_resize
 from trainfeed.training.reading import images
 from trainfeed.training.metrics import environment
 from trainfeed.training.reading.readers import ReaderOptions, iter_batches, open_store

@@ -15,7 +15,7 @@ import numpy as np
 from numpy.lib import format as npformat
 from PIL import Image, UnidentifiedImageError
 
-from trainfeed.converters.errors import SampleError
+from trainfeed.converters.errors import SampleError, UsageError
 from trainfeed.converters.layout import IMAGE_BYTES, RAW, RESERVED, SUPPORTED_DTYPES
 from trainfeed.converters.sources.listing import IMAGE, NPY, NPZ, SourceFile, read_bytes
 
@@ -40,6 +40,16 @@ class ImageOptions:
     resize: tuple[int, int] | None = None  # (height, width)
     storage: str = "encoded"  # "encoded" keeps JPEG/PNG bytes; "decoded" stores pixel arrays
     mode: str = "RGB"  # PIL mode images are converted to when decoded or resized
+
+
+def parse_resize(text: str | None, option: str = "--resize") -> tuple[int, int] | None:
+    """``"HEIGHTxWIDTH"`` (``--resize``, ``--image-size``, ...) as ``(height, width)``; None stays None."""
+    if text is None:
+        return None
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise UsageError(f"{option} expects HEIGHTxWIDTH such as 64x64, got {text!r}")
+    return int(parts[0]), int(parts[1])
 
 
 # ---------------------------------------------------------------- arrays

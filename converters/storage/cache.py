@@ -61,7 +61,7 @@ class DiskCache:
     def __init__(self, folder, limit: int):
         self.folder = Path(folder)
         self.limit = limit
-        self.hits = self.discarded = 0
+        self.discarded = 0
         self.usable = True
         self._names = itertools.count()
         self._claim()
@@ -139,7 +139,6 @@ class DiskCache:
             return self._discard(file)
         with suppress(OSError):
             os.utime(file)  # recency, seen by every process sharing the folder
-        self.hits += 1
         return payload
 
     def holds(self, key: str, size: int) -> bool:

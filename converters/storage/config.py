@@ -2,7 +2,8 @@
 
 Users write fsspec's option names (adlfs's and s3fs's: ``connection_string``, ``account_name``,
 ``key``, ``endpoint_url``, ...) or object_store's own (``azure_*``, ``aws_*``, ``google_*``);
-environment variables are read by the client itself. ``object_store_options`` gives
+environment variables are read by the client itself. ``parse_storage_options`` reads the
+``KEY=VALUE`` pairs every command and job takes. ``object_store_options`` gives
 object_store's names, which both trainfeed's native client (obstore) and delta-rs take;
 ``client_settings`` splits them into what obstore's store constructors want.
 """
@@ -17,7 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 from fsspec.exceptions import FSTimeoutError
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
-from trainfeed.converters.redact import register_secret, redact, redact_url
+from trainfeed.converters.redact import redact, redact_url, register_secret, register_storage_options
 
 AZURE = ("abfs", "abfss", "az")
 S3 = ("s3", "s3a")
@@ -32,6 +33,21 @@ DEFAULT_CALL_TIMEOUT_S = 30.0
 
 #: Options the native client takes as connection settings rather than store configuration.
 _CLIENT_KEYS = ("allow_http", "allow_invalid_certificates", "timeout", "connect_timeout", "proxy_url")
+
+
+def parse_storage_options(pairs: list[str]) -> dict[str, str]:
+    """`--storage-option KEY=VALUE` pairs as fsspec / delta-rs options; secret values are
+    registered for redaction before anything can print them."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            # the text is not echoed: a mistyped pair (key:secret) may hold a credential
+            raise UsageError("--storage-option expects KEY=VALUE; one has no '=' or no key")
+        # fsspec backends take real booleans (anon=false must not be the truthy string "false")
+        out[key.strip()] = {"true": True, "false": False}.get(value.strip().lower(), value)
+    register_storage_options(out)
+    return out
 
 
 def call_timeout(storage_options: dict | None) -> float | None:

@@ -14,7 +14,7 @@ import numpy as np
 
 from trainfeed.converters.progress import progress_bar
 
-from trainfeed.training.config import TrainConfig
+from trainfeed.training.config import TrainConfig, check
 from trainfeed.training.loops.output import RunFiles, notice, summarize
 from trainfeed.training.loops.plan import Plan, as_model_input, check_labels, eval_options, plan
 from trainfeed.training.loops.resume import Position, Preemption, after_step, checkpoint_signature
@@ -58,6 +58,13 @@ def framework(cfg: TrainConfig, p: Plan) -> Framework[Any]:
     from trainfeed.training.loops.loop_torch import Torch
 
     return Torch(cfg, p)
+
+
+def run(cfg: TrainConfig) -> dict:
+    """``train``, the command and the API: check the options (``UsageError``), then train; the
+    summary (summary.json)."""
+    check(cfg)
+    return train(cfg)
 
 
 def train(cfg: TrainConfig) -> dict:

@@ -5,7 +5,7 @@ import io
 
 import pytest
 
-from trainfeed.benchmarks.ab.progress import MatrixProgress, NullProgress, fmt_duration
+from trainfeed.converters.progress import MatrixProgress, NullProgress, fmt_duration
 
 
 class Clock:
