@@ -14,7 +14,7 @@ PS_VENV  := .venv-petastorm
 PS_PY    := $(PS_VENV)/bin/python
 DEMO     ?= demo-out
 
-.PHONY: install test test-busy test-fast demo bench-convert bench-loader bench-remote bench-decode bench-io clean
+.PHONY: install test test-busy test-fast demo bench-convert bench-loader bench-remote bench-decode bench-io bench-gpu-feed clean
 
 install: $(VENV)/.installed $(PS_VENV)/.installed
 
@@ -96,6 +96,12 @@ bench-decode: $(VENV)/.installed
 bench-io: $(VENV)/.installed
 	mkdir -p bench-out
 	$(PY) -m trainfeed.benchmarks.micro.io_bench > bench-out/io.jsonl
+
+# The 3D ResNet through DataLoader workers from local Parquet and from s3rver (with and without
+# cache_dir): meant for a GPU machine (cuda when there is one; on a CPU, use --width 8 or less)
+bench-gpu-feed: $(VENV)/.installed
+	mkdir -p bench-out
+	$(PY) -m trainfeed.benchmarks.micro.gpu_feed_bench $(GPU_FEED_ARGS) > bench-out/gpu_feed.jsonl
 
 clean:
 	rm -rf $(VENV) $(PS_VENV) $(DEMO) bench-out .pytest_cache build dist
