@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
@@ -91,7 +90,7 @@ def generate(
             info = generate_volumes(out, count, shape=dims, seed=seed, labels=labels,
                                     progress=lambda n: bar.update(n, n * per_sample))
         else:
-            info = generate_images(out, count, size=dims, classes=classes, seed=seed, progress=bar.update)
+            info = generate_images(out, count, size=(dims[0], dims[1]), classes=classes, seed=seed, progress=bar.update)
     typer.echo(json.dumps(info) if as_json else f"{info['count']} {info['kind']} written to {info['path']}")
 
 
@@ -352,4 +351,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -1,7 +1,6 @@
 """`convert SRC DST --to parquet|delta|hdf5`: the command line around converters.convert."""
 from __future__ import annotations
 
-import sys
 from enum import Enum
 from typing import List, Optional
 
@@ -20,7 +19,8 @@ from trainfeed.converters.storage.config import parse_storage_options
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 
 
-Format = Enum("Format", {name: name for name in WRITABLE}, type=str)  # the registry's writable formats
+# the registry's writable formats (members made at run time, which mypy cannot follow)
+Format = Enum("Format", {name: name for name in WRITABLE}, type=str)  # type: ignore[misc]
 _CODECS = ". ".join(f"{name}: {', '.join(FORMATS[name].COMPRESSIONS)}" for name in WRITABLE)
 _LEVELS = ". ".join(f"{name}: " + ", ".join(f"{codec} {lo}-{hi}" for codec, (lo, hi) in
                                             FORMATS[name].COMPRESSION_LEVELS.items()) for name in WRITABLE)
@@ -187,4 +187,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -7,7 +7,7 @@ import time
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from trainfeed.converters.formats import delta
 from trainfeed.converters import publish
@@ -46,7 +46,7 @@ class ConvertConfig:
     verify: bool = False
     optimize: bool = False
     vacuum_hours: int | None = None
-    storage_options: dict[str, str] = field(default_factory=dict)
+    storage_options: dict[str, Any] = field(default_factory=dict)  # fsspec's: strings, and booleans
 
 
 def default_workers(src: str) -> int:
@@ -87,6 +87,7 @@ def _labels_for_append(dst: str, table: DatasetSchema, labels: Labels) -> Labels
         raise TrainfeedError(f"{dst}: cannot append samples with {new} to a table with {old}")
     if not labels.label_map:
         return labels
+    assert table.label_map is not None and labels.by_id is not None  # class names on both sides (checked above)
     merged = dict(table.label_map)
     for name in sorted(set(labels.label_map) - set(merged)):
         merged[name] = max(merged.values()) + 1
@@ -175,6 +176,7 @@ class _Stream:
             yield batch
 
     def schema(self, labels: Labels) -> DatasetSchema:
+        assert self.guard.specs is not None, "schema() follows first()"
         return DatasetSchema(fields=list(self.guard.specs), labeled=labels.by_id is not None,
                              label_map=labels.label_map, source=source_location(self.cfg.src))
 
@@ -219,7 +221,7 @@ def _commit_to_table(dst: Location, version: int, schema: DatasetSchema, batches
 
 
 def _publish_staged(dst: Location, cfg: ConvertConfig, schema: DatasetSchema, batches: Iterator[list[Sample]],
-                    check: Callable[[Path, bool], dict | None],
+                    check: Callable[[Path | Location, bool], dict | None],
                     interrupts: SafeInterrupts) -> tuple[WriteResult, dict | None]:
     """Write a new store beside ``dst``, check it, then publish it there (see commit.Staging);
     Ctrl-C or SIGTERM until the moment of publishing publishes nothing."""
@@ -236,7 +238,7 @@ def _publish_staged(dst: Location, cfg: ConvertConfig, schema: DatasetSchema, ba
 
 
 def _publish_remote(dst: Location, cfg: ConvertConfig, schema: DatasetSchema, batches: Iterator[list[Sample]],
-                    check: Callable[[Location, bool], dict | None],
+                    check: Callable[[Path | Location, bool], dict | None],
                     interrupts: SafeInterrupts) -> tuple[WriteResult, dict | None]:
     """A new store on object storage. Delta: parts uploaded as written, then one commit (a
     failed check removes the new table): a versioned format commits in place. Parquet, HDF5:
@@ -315,29 +317,29 @@ def _convert(cfg: ConvertConfig, dst: Location, t0: float, progress: ProgressFn 
     labels = resolve_labels(listing.files, labels_csv=cfg.labels_csv, folder_labels=cfg.folder_labels,
                             storage_options=cfg.storage_options)
     if labels.missing and cfg.on_error == "fail":
-        first = next(f for f in listing.files if f.id == labels.missing[0])
-        raise TrainfeedError(f"{first.path}: no label for id {first.id!r} in {cfg.labels_csv} "
+        unlabeled = next(f for f in listing.files if f.id == labels.missing[0])
+        raise TrainfeedError(f"{unlabeled.path}: no label for id {unlabeled.id!r} in {cfg.labels_csv} "
                              f"({len(labels.missing)} files without a label; --on-error skip converts the rest)")
     if on_listed:
         on_listed(len(listing.files))
     # Delta overwrites and appends are commits to the table in place; the rest is staged.
     table = _existing_table(dst) if FORMATS[cfg.fmt].versioned and existing == cfg.fmt else None
     appending = table is not None and cfg.write.mode == "append"
-    if appending:
+    if table is not None and appending:
         labels = _labels_for_append(dst.shown, table.schema, labels)
         cfg.write = replace(cfg.write, tensor_column=table.tensor_column)
     stream = _Stream(cfg, fs, listing, labels, progress, interrupts.check,
-                     delta.live_ids(dst, table.version) if appending else None)
+                     delta.live_ids(dst, table.version) if table is not None and appending else None)
     first = stream.first()
     schema = stream.schema(labels)
     # A new store gets a new identity; a Delta table keeps its own across commits.
     schema.store_id = (table.schema.store_id if table else None) or uuid.uuid4().hex
-    if appending and table.schema.fields != schema.fields:
+    if table is not None and appending and table.schema.fields != schema.fields:
         raise TrainfeedError(f"{dst.shown}: cannot append: table fields {[f.to_dict() for f in table.schema.fields]} "
                              f"differ from the new samples' {[f.to_dict() for f in schema.fields]}")
     batches = stream.batches(first, cfg.write.rows_per_group(first.nbytes))
 
-    def check(path, exact: bool) -> dict | None:  # --verify: the written store (Path or Location) against its source
+    def check(path: Path | Location, exact: bool) -> dict | None:  # --verify: the written store (Path or Location) against its source
         return verify_store(path, cfg.fmt, fs=fs, listing=listing, labels=labels, image_opts=cfg.image,
                             expected_ids=stream.accepted, exact=exact, workers=cfg.workers) if cfg.verify else None
 

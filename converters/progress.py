@@ -16,7 +16,8 @@ from contextlib import contextmanager
 from typing import Iterator, TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TaskID, TextColumn,
+                           TimeRemainingColumn)
 from rich.text import Text
 
 
@@ -33,8 +34,8 @@ class Bar:
     def __init__(self, progress: Progress | None, label: str):
         self._progress = progress
         self._label = label
-        self._task = None
-        self._total = None
+        self._task: TaskID | None = None
+        self._total: int | None = None
         self._last = 0.0
 
     def start(self, total: int) -> None:

@@ -235,6 +235,7 @@ def _stage(args: argparse.Namespace, folder: Path, spark) -> _Staged:
         raise TrainfeedError(f"{unlabeled.path}: no label for id {unlabeled.id!r} in {args.labels} "
                              f"(files without a label: {len(labels.missing)} of {len(listing.files)}; nothing written)")
     first, guard = _first_sample(args, fs, listing, labels)
+    assert guard.specs is not None  # the first sample fixed them
     schema = DatasetSchema(fields=list(guard.specs), labeled=labels.by_id is not None, label_map=labels.label_map,
                            source=source_location(args.src), store_id=uuid.uuid4().hex)
     write = WriteOptions(row_group_size=args.row_group_size, compression=args.compression,

@@ -129,7 +129,9 @@ def spark_task(ctx: TaskContext):
     def run(rows: Iterator[tuple[int, list[SourceFile], dict[str, int] | None]]) -> Iterator[TaskResult]:
         from pyspark import TaskContext as SparkTask
 
-        attempt = SparkTask.get().attemptNumber()
+        task = SparkTask.get()
+        assert task is not None  # this runs inside a Spark task
+        attempt = task.attemptNumber()
         for index, files, labels in rows:
             yield run_task(ctx, index, attempt, files, labels)
 

@@ -123,8 +123,11 @@ def loader_epoch(url: str, options: dict, method: str, workers: int, **kwargs) -
 
     store = trainfeed.open_store(url, storage_options=options, **kwargs)
     dataset = trainfeed.TorchDataset(store, batch_size=32, seed=1)
-    processes = dict(num_workers=workers, multiprocessing_context=method, timeout=600) if workers else {}
-    batches = iter(DataLoader(dataset, batch_size=None, **processes))
+    if workers:
+        loader = DataLoader(dataset, batch_size=None, num_workers=workers, multiprocessing_context=method, timeout=600)
+    else:
+        loader = DataLoader(dataset, batch_size=None)
+    batches = iter(loader)
     workers_cpu = WorkerCPU()
     samples = 0
     for _, y in batches:

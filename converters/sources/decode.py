@@ -8,6 +8,7 @@ import math
 import threading
 import zipfile
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import fsspec
@@ -26,7 +27,7 @@ VOLUME_FIELD, IMAGE_FIELD = "volume", "image"
 class Sample:
     id: str
     label: int | None
-    fields: dict[str, np.ndarray | bytes]
+    fields: Mapping[str, np.ndarray | bytes]
     nbytes_in: int = 0  # bytes read from the source file
 
     @property
@@ -253,12 +254,12 @@ def exact_pixels(path: str, data: bytes, mode: str) -> np.ndarray:
 def decode_image(path: str, data: bytes, opts: ImageOptions) -> dict[str, np.ndarray | bytes]:
     """Decode fully (so corrupt files are caught), then keep bytes or pixels per ``opts``."""
     try:
-        with Image.open(io.BytesIO(data)) as img:
-            fmt = img.format
-            img.load()
+        with Image.open(io.BytesIO(data)) as opened:
+            fmt = opened.format
+            opened.load()
             if opts.storage == "encoded" and opts.resize is None:
                 return {IMAGE_FIELD: data}
-            img = _in_mode(path, img, data, opts.mode)
+            img = _in_mode(path, opened, data, opts.mode)
             if opts.resize is not None:
                 h, w = opts.resize
                 img = img.resize((w, h), Image.Resampling.BILINEAR)
@@ -274,7 +275,7 @@ def decode_image(path: str, data: bytes, opts: ImageOptions) -> dict[str, np.nda
         raise _undecodable(path, exc) from exc
 
 
-def decode_sample(kind: str, path: str, data: bytes, image_opts: ImageOptions) -> dict[str, np.ndarray | bytes]:
+def decode_sample(kind: str, path: str, data: bytes, image_opts: ImageOptions) -> Mapping[str, np.ndarray | bytes]:
     if kind == NPY:
         return decode_npy(path, data)
     if kind == NPZ:
@@ -283,7 +284,7 @@ def decode_sample(kind: str, path: str, data: bytes, image_opts: ImageOptions) -
 
 
 def read_sample(fs: fsspec.AbstractFileSystem, kind: str, src: SourceFile,
-                image_opts: ImageOptions) -> tuple[dict[str, np.ndarray | bytes], int]:
+                image_opts: ImageOptions) -> tuple[Mapping[str, np.ndarray | bytes], int]:
     """A source file's fields and the bytes read for them."""
     if kind == NPY:
         return read_npy(fs, src)

@@ -6,6 +6,7 @@ import io
 import os
 import posixpath
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fsspec.exceptions import FSTimeoutError
@@ -61,7 +62,7 @@ def _read_text(url: str, storage_options: dict | None) -> str:
         raise TrainfeedError(f"{url}: cannot read labels file: {exc}") from exc
 
 
-def _check_header(url: str, fieldnames: list[str] | None) -> None:
+def _check_header(url: str, fieldnames: Sequence[str] | None) -> None:
     columns = [c.strip() for c in fieldnames or []]
     if not {"id", "label"} <= set(columns):
         raise TrainfeedError(f"{url}: labels file needs a header with columns 'id' and 'label' (found {fieldnames})")

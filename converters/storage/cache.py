@@ -47,6 +47,13 @@ _MARKER_TEXT = "A trainfeed range cache (--cache-dir). trainfeed deletes only th
 _OWN_TOP = re.compile(r"(\.trainfeed-cache|\.lock|\.usage|\.usage\.\d+\.tmp|[0-9a-f]{2})")
 _RANGE = re.compile(r"[0-9a-f]{64}\.bin")
 _TEMP = re.compile(r"\.([0-9a-f]{64}\.bin)\.(\d+)\.\d+\.tmp")
+
+
+def _writer_pid(temporary_name: str) -> int:
+    """The process that writes a temporary file (its name, as ``_owned`` matched it, says)."""
+    match = _TEMP.fullmatch(temporary_name)
+    assert match is not None, temporary_name
+    return int(match.group(2))
 #: Eviction goes this far under the limit, so that the next puts do not each evict again.
 _LOW_WATER = 0.9
 
@@ -72,7 +79,7 @@ class DiskCache:
         return {"folder": str(self.folder), "limit": self.limit}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["folder"], state["limit"])
+        DiskCache.__init__(self, state["folder"], state["limit"])
 
     # ------------------------------------------------------------------ ownership
 
@@ -132,11 +139,13 @@ class DiskCache:
         except FileNotFoundError:
             return None
         except (ValueError, OSError):
-            return self._discard(file)
+            self._discard(file)
+            return None
         magic, crc, length, digest = _FOOTER.unpack(view[size:])
         payload = view[:size]
         if magic != _MAGIC or length != size or digest != self._digest(key)[:16] or zlib.crc32(payload) != crc:
-            return self._discard(file)
+            self._discard(file)
+            return None
         with suppress(OSError):
             os.utime(file)  # recency, seen by every process sharing the folder
         return payload
@@ -154,7 +163,6 @@ class DiskCache:
         self.discarded += 1
         with suppress(OSError):
             file.unlink()
-        return None
 
     def put(self, key: str, parts: Iterable) -> None:
         """Keep ``parts`` (buffers, in order) as the range cached under ``key``. A folder that
@@ -225,7 +233,7 @@ class DiskCache:
         (temporary files count, and go only when their writer is gone); the total."""
         ranges, total = [], 0
         for file, st, temporary in self._owned():
-            if temporary and not pid_alive(int(_TEMP.fullmatch(file.name).group(2))):
+            if temporary and not pid_alive(_writer_pid(file.name)):
                 with suppress(OSError):
                     file.unlink()
                 continue

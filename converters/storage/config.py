@@ -13,6 +13,7 @@ import math
 import os
 import re
 from datetime import timedelta
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from fsspec.exceptions import FSTimeoutError
@@ -35,10 +36,10 @@ DEFAULT_CALL_TIMEOUT_S = 30.0
 _CLIENT_KEYS = ("allow_http", "allow_invalid_certificates", "timeout", "connect_timeout", "proxy_url")
 
 
-def parse_storage_options(pairs: list[str]) -> dict[str, str]:
+def parse_storage_options(pairs: list[str]) -> dict[str, str | bool]:
     """`--storage-option KEY=VALUE` pairs as fsspec / delta-rs options; secret values are
     registered for redaction before anything can print them."""
-    out = {}
+    out: dict[str, str | bool] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
@@ -138,12 +139,12 @@ def object_store_options(scheme: str, options: dict) -> dict[str, str]:
     return out
 
 
-def client_settings(scheme: str, options: dict, deadline: float | None) -> tuple[dict, dict, dict]:
+def client_settings(scheme: str, options: dict, deadline: float | None) -> tuple[dict, dict[str, Any], dict]:
     """(store config, client options, retry config) for an obstore store. Every request is
     retried with exponential backoff (500, 503, connection resets, timeouts) until
     ``deadline`` seconds have passed since the call began; one request may take as long."""
     config = object_store_options(scheme, options)
-    client = {k: config.pop(k) for k in _CLIENT_KEYS if k in config}
+    client: dict[str, Any] = {k: config.pop(k) for k in _CLIENT_KEYS if k in config}
     if client.get("allow_http"):
         client["allow_http"] = client["allow_http"].lower() in ("1", "true", "yes")
     if scheme not in S3:
