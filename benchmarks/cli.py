@@ -10,14 +10,13 @@ from typing import List, Optional
 
 import typer
 
+from trainfeed.benchmarks.ab.config import IMAGE_STORAGES, STORES
+from trainfeed.benchmarks.model.catalog import CATALOG
+from trainfeed.benchmarks.synth import IMAGE_SIZE, VOLUME_SHAPE, generate_images, generate_volumes
 from trainfeed.converters.errors import TrainfeedError, UsageError, exit_codes
 from trainfeed.converters.progress import MatrixProgress, progress_bar
 from trainfeed.converters.redact import redact, redact_json
 from trainfeed.converters.storage.fetch import DEFAULT_IO_CONCURRENCY
-
-from trainfeed.benchmarks.model.catalog import CATALOG
-from trainfeed.benchmarks.ab.config import IMAGE_STORAGES, STORES
-from trainfeed.benchmarks.synth import IMAGE_SIZE, VOLUME_SHAPE, generate_images, generate_volumes
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False,
                   help="Measure what storage layout does to training: synthetic datasets and benchmarks.")
@@ -179,15 +178,13 @@ def run(
                                             "OUT/reference.json."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    from trainfeed.converters.sources.decode import parse_resize
-    from trainfeed.converters.storage.config import parse_storage_options
-
-    from trainfeed.benchmarks.report import report as report_mod
-    from trainfeed.benchmarks.ab.config import MatrixConfig
+    from trainfeed.benchmarks.ab.config import MatrixConfig, prepare
     from trainfeed.benchmarks.ab.matrix import run_matrix
     from trainfeed.benchmarks.model.projection import parse_loader
-    from trainfeed.benchmarks.ab.config import prepare
     from trainfeed.benchmarks.model.scenario import load_scenario
+    from trainfeed.benchmarks.report import report as report_mod
+    from trainfeed.converters.sources.decode import parse_resize
+    from trainfeed.converters.storage.config import parse_storage_options
 
     with exit_codes():
         baseline = parse_loader(baseline_loader) if baseline_loader else None
@@ -238,8 +235,8 @@ def report(
     baseline_loader: Optional[str] = typer.Option(None, "--baseline-loader", help=BASELINE_HELP),
     my_instance: Optional[str] = typer.Option(None, "--my-instance", help=MY_INSTANCE_HELP),
 ) -> None:
-    from trainfeed.benchmarks.report import report as report_mod
     from trainfeed.benchmarks.model.projection import parse_loader
+    from trainfeed.benchmarks.report import report as report_mod
 
     with exit_codes():
         baseline = parse_loader(baseline_loader) if baseline_loader else None
@@ -302,13 +299,12 @@ def probe(
                                   "probe objects (read-only credentials)."),
     as_json: bool = typer.Option(False, "--json", help="Print the profile as JSON."),
 ) -> None:
-    from trainfeed.converters.formats.options import parse_size
-    from trainfeed.converters.storage.config import parse_storage_options
-
     from trainfeed.benchmarks.ab import storagesim  # noqa: F401  registers emulated://
     from trainfeed.benchmarks.ab.probe import ProbeConfig, summary
     from trainfeed.benchmarks.ab.probe import probe as run_probe
     from trainfeed.benchmarks.model.profiles import save_object_store
+    from trainfeed.converters.formats.options import parse_size
+    from trainfeed.converters.storage.config import parse_storage_options
 
     with exit_codes():
         cfg = ProbeConfig(url, parse_storage_options(storage_option), parse_size(small_size, "--small-size"),

@@ -9,10 +9,10 @@ import typer
 from trainfeed.converters.convert import ConvertConfig, convert, default_workers
 from trainfeed.converters.errors import UsageError, exit_codes
 from trainfeed.converters.formats.options import WriteOptions, parse_size
+from trainfeed.converters.formats.registry import FORMATS, WRITABLE
 from trainfeed.converters.progress import progress_bar
 from trainfeed.converters.redact import redact, redact_json
 from trainfeed.converters.sources.decode import ImageOptions, parse_resize
-from trainfeed.converters.formats.registry import FORMATS, WRITABLE
 from trainfeed.converters.sources.labels import labels_in_source
 from trainfeed.converters.storage.config import parse_storage_options
 

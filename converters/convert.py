@@ -9,21 +9,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from trainfeed.converters.formats import delta
 from trainfeed.converters import publish
 from trainfeed.converters.commit import DestinationLock, Staging
 from trainfeed.converters.destination import check_apart, check_destination, destination_path, make_parent, write_error
-from trainfeed.converters.interrupt import SafeInterrupts
 from trainfeed.converters.errors import SampleError, TrainfeedError, UsageError
-from trainfeed.converters.sources.labels import Labels, resolve_labels
-from trainfeed.converters.layout import DatasetSchema
-from trainfeed.converters.storage.location import Location, as_location, check_url, is_remote, locate
+from trainfeed.converters.formats import delta
 from trainfeed.converters.formats.options import WriteOptions, WriteResult
-from trainfeed.converters.redact import redact_json, redact_url
-from trainfeed.converters.sources.samples import SchemaGuard, load_sample, ordered_map
-from trainfeed.converters.sources.listing import list_source
-from trainfeed.converters.sources.decode import ImageOptions, Sample
 from trainfeed.converters.formats.registry import FORMATS, WRITABLE, check_compression
+from trainfeed.converters.interrupt import SafeInterrupts
+from trainfeed.converters.layout import DatasetSchema
+from trainfeed.converters.redact import redact_json, redact_url
+from trainfeed.converters.sources.decode import ImageOptions, Sample
+from trainfeed.converters.sources.labels import Labels, resolve_labels
+from trainfeed.converters.sources.listing import list_source
+from trainfeed.converters.sources.samples import SchemaGuard, load_sample, ordered_map
+from trainfeed.converters.storage.location import Location, as_location, check_url, is_remote, locate
 from trainfeed.converters.verify import verify_store
 
 ON_ERROR = ("fail", "skip")

@@ -6,10 +6,10 @@ import os
 from pathlib import Path, PurePath, PurePosixPath
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
-from trainfeed.converters.storage.location import Location, as_location, is_remote, locate
-from trainfeed.converters.storage.config import BucketNotFound, bucket_not_found
-from trainfeed.converters.storage.native import NativeFileSystem
 from trainfeed.converters.formats.registry import identify
+from trainfeed.converters.storage.config import BucketNotFound, bucket_not_found
+from trainfeed.converters.storage.location import Location, as_location, is_remote, locate
+from trainfeed.converters.storage.native import NativeFileSystem
 
 
 def destination_path(dst: str) -> Path:

@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Callable
 
 from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.formats.registry import COMMIT_RECORDS, PART, RUN_PART, identify
 from trainfeed.converters.layout import MANIFEST
 from trainfeed.converters.storage.config import AZURE, object_store_options
 from trainfeed.converters.storage.location import Location
-from trainfeed.converters.formats.registry import COMMIT_RECORDS, PART, RUN_PART, identify
 from trainfeed.converters.storage.upload import Uploader
 
 Check = Callable[[Location], "dict | None"]

@@ -7,11 +7,11 @@ from typing import Iterator
 import numpy as np
 
 from trainfeed.converters.errors import VerifyError
-from trainfeed.converters.sources.labels import Labels
-from trainfeed.converters.sources.samples import load_sample, ordered_map
-from trainfeed.converters.sources.listing import IMAGE, Listing, SourceFile, read_bytes
-from trainfeed.converters.sources.decode import IMAGE_FIELD, ImageOptions, Sample, exact_pixels
 from trainfeed.converters.formats.registry import FORMATS
+from trainfeed.converters.sources.decode import IMAGE_FIELD, ImageOptions, Sample, exact_pixels
+from trainfeed.converters.sources.labels import Labels
+from trainfeed.converters.sources.listing import IMAGE, Listing, SourceFile, read_bytes
+from trainfeed.converters.sources.samples import load_sample, ordered_map
 
 _MAX_REPORTED = 5
 

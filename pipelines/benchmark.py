@@ -16,7 +16,6 @@ from pathlib import Path
 
 from trainfeed.converters.errors import TrainfeedError
 from trainfeed.converters.redact import redact
-
 from trainfeed.pipelines.entry import run_job
 
 

@@ -24,26 +24,24 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from trainfeed.converters.formats import delta
-from trainfeed.converters.storage.config import parse_storage_options
 from trainfeed.converters.commit import DestinationLock, Staging
 from trainfeed.converters.convert import source_location, write_rejects_report
 from trainfeed.converters.destination import check_apart, check_destination, destination_path
 from trainfeed.converters.errors import SampleError, TrainfeedError, UsageError
-from trainfeed.converters.sources.labels import Labels, resolve_labels
-from trainfeed.converters.layout import DatasetSchema, arrow_schema
+from trainfeed.converters.formats import delta
 from trainfeed.converters.formats.manifest import WRITER, write_manifest
 from trainfeed.converters.formats.options import WriteOptions, parse_size
+from trainfeed.converters.layout import DatasetSchema, arrow_schema
 from trainfeed.converters.redact import redact
-from trainfeed.converters.sources.samples import SchemaGuard, load_sample
-from trainfeed.converters.sources.listing import Listing, SourceFile, list_source
 from trainfeed.converters.sources.decode import ImageOptions, Sample
-
+from trainfeed.converters.sources.labels import Labels, resolve_labels
+from trainfeed.converters.sources.listing import Listing, SourceFile, list_source
+from trainfeed.converters.sources.samples import SchemaGuard, load_sample
+from trainfeed.converters.storage.config import parse_storage_options
 from trainfeed.pipelines.entry import run_job
 from trainfeed.pipelines.paths import fuse_path, spark_path
 from trainfeed.pipelines.repack_tasks import ATTEMPTS, TaskContext, TaskResult, plan_tasks, spark_task
 from trainfeed.pipelines.spark import collect, get_spark, on_databricks
-
 
 #: The local JVM only schedules tasks (no sample byte enters it), so the optimizing JIT
 #: compiler's warm-up is pure cost: C1 only took the JVM's start-up from ~14 to ~8 CPU-seconds.

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Iterator
 
 from trainfeed.converters.errors import SampleError, TrainfeedError
-from trainfeed.converters.sources.labels import Labels
-from trainfeed.converters.layout import DatasetSchema, FieldSpec
 from trainfeed.converters.formats.options import WriteOptions
 from trainfeed.converters.formats.parquet import write_parts
-from trainfeed.converters.sources.samples import SchemaGuard, load_sample, ordered_map
-from trainfeed.converters.sources.listing import SourceFile
+from trainfeed.converters.layout import DatasetSchema, FieldSpec
 from trainfeed.converters.sources.decode import ImageOptions, Sample
+from trainfeed.converters.sources.labels import Labels
+from trainfeed.converters.sources.listing import SourceFile
+from trainfeed.converters.sources.samples import SchemaGuard, load_sample, ordered_map
 from trainfeed.converters.storage.filesystems import open_fs
 
 

@@ -11,10 +11,9 @@ import argparse
 import sys
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
-from trainfeed.training.loops.loop import run as train_one
-from trainfeed.training.config import TrainConfig, check
-
 from trainfeed.pipelines.entry import run_job
+from trainfeed.training.config import TrainConfig, check
+from trainfeed.training.loops.loop import run as train_one
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -59,9 +58,8 @@ def train(args: argparse.Namespace) -> dict:
                       delta_version=args.delta_version, resume=args.resume, progress=False)
     if args.processes <= 1:
         return train_one(cfg)
-    from trainfeed.training.distributed import train_distributed
-
     from trainfeed.pipelines.spark import get_spark, on_databricks
+    from trainfeed.training.distributed import train_distributed
 
     local_mode = args.local_mode == "true"
     if not local_mode and on_databricks():

@@ -9,8 +9,8 @@ from trainfeed.converters.convert import ConvertConfig, default_workers
 from trainfeed.converters.convert import convert as _convert
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.formats.options import WriteOptions, parse_size
-from trainfeed.converters.sources.decode import ImageOptions
 from trainfeed.converters.formats.registry import FORMATS
+from trainfeed.converters.sources.decode import ImageOptions
 
 WritableFormat = Literal["parquet", "delta", "hdf5"]
 Mode = Literal["create", "overwrite", "append"]

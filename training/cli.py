@@ -11,13 +11,12 @@ import typer
 
 from trainfeed.converters.errors import exit_codes
 from trainfeed.converters.formats.foreign import ENCODINGS, foreign_schema
-from trainfeed.converters.layout import SUPPORTED_DTYPES
 from trainfeed.converters.formats.options import parse_size
-from trainfeed.converters.redact import redact, redact_json
 from trainfeed.converters.formats.registry import FORMATS
+from trainfeed.converters.layout import SUPPORTED_DTYPES
+from trainfeed.converters.redact import redact, redact_json
 from trainfeed.converters.sources.decode import parse_resize
 from trainfeed.converters.storage.config import parse_storage_options
-
 from trainfeed.training.config import TrainConfig
 from trainfeed.training.reading.readers import POOLS
 

@@ -16,7 +16,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from trainfeed.converters.errors import UsageError
-
 from trainfeed.training.config import TrainConfig, distributed_env
 
 TASK_GPUS = "spark.task.resource.gpu.amount"

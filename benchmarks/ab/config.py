@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainfeed.converters.errors import TrainfeedError
-from trainfeed.converters.formats.registry import FORMATS
-from trainfeed.converters.storage.fetch import DEFAULT_IO_CONCURRENCY
 from trainfeed.benchmarks.model.profiles import save_object_store
 from trainfeed.benchmarks.model.scenario import SCENARIO_COPY, Scenario
 from trainfeed.benchmarks.synth import generate_volumes
+from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.formats.registry import FORMATS
+from trainfeed.converters.storage.fetch import DEFAULT_IO_CONCURRENCY
 
 #: The small-file layout as it is (the baseline), then every format of the registry.
 STORES = tuple(dict.fromkeys(("blob", *FORMATS)))

@@ -6,11 +6,10 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from trainfeed.converters.errors import TrainfeedError
-from trainfeed.converters.redact import redact_obj
-
 from trainfeed.benchmarks.ab.storage import Backend
 from trainfeed.benchmarks.model.profiles import load_object_store
+from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.redact import redact_obj
 
 RESULTS_VERSION = 4
 

@@ -19,13 +19,13 @@ from typing import Callable, Iterator
 
 from trainfeed.converters.convert import ConvertConfig, convert
 from trainfeed.converters.errors import TrainfeedError, UsageError
-from trainfeed.converters.storage.location import is_remote
-from trainfeed.converters.storage.config import AZURE, S3
 from trainfeed.converters.formats.options import WriteOptions
 from trainfeed.converters.formats.registry import FORMATS
 from trainfeed.converters.redact import redact_url, register_storage_options
 from trainfeed.converters.sources.decode import ImageOptions
+from trainfeed.converters.storage.config import AZURE, S3
 from trainfeed.converters.storage.filesystems import is_local, open_fs
+from trainfeed.converters.storage.location import is_remote
 
 #: The folder (under the backend's root) of the small files when they have to be copied there.
 SMALL_FILES = "small-files"

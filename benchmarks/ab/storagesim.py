@@ -28,9 +28,8 @@ import fsspec
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 from fsspec.utils import tokenize
 
-from trainfeed.converters.storage.filesystems import filesystem, is_local
-
 from trainfeed.benchmarks.model.profiles import ObjectStore, load_object_store
+from trainfeed.converters.storage.filesystems import filesystem, is_local
 
 GET, HEAD, LIST = "gets", "heads", "lists"
 

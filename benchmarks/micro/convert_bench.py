@@ -19,11 +19,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from trainfeed.benchmarks.synth import VOLUME_SHAPE, generate_volumes
 from trainfeed.converters.convert import ConvertConfig, convert
 from trainfeed.converters.formats.options import WriteOptions
 from trainfeed.training.metrics import environment
-
-from trainfeed.benchmarks.synth import VOLUME_SHAPE, generate_volumes
 
 CASES = [
     ("parquet", "snappy"), ("parquet", "none"), ("delta", "snappy"), ("hdf5", "none"),

@@ -45,14 +45,13 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import trainfeed
-from trainfeed.converters.storage.location import locate
-from trainfeed.converters.storage.fetch import PART_SIZE
-from trainfeed.converters.storage.filesystems import open_fs
-from trainfeed.converters.formats.registry import FORMATS
-
 from trainfeed.benchmarks.emulators import azurite, s3rver
 from trainfeed.benchmarks.emulators.latency import LatencyRelay
 from trainfeed.benchmarks.synth import generate_volumes
+from trainfeed.converters.formats.registry import FORMATS
+from trainfeed.converters.storage.fetch import PART_SIZE
+from trainfeed.converters.storage.filesystems import open_fs
+from trainfeed.converters.storage.location import locate
 
 BUCKET = "bench"
 STORE_NAMES = {"parquet": "store.parquet", "delta": "store.delta", "hdf5": "store.h5"}

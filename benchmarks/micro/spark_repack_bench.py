@@ -27,12 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from trainfeed.training.metrics import environment
-
 from trainfeed.benchmarks.ab.hostload import children_cpu_seconds
-
 from trainfeed.benchmarks.micro.convert_bench import ensure_dataset
 from trainfeed.benchmarks.synth import generate_volumes
+from trainfeed.training.metrics import environment
 
 _PR_SET_CHILD_SUBREAPER = 36
 

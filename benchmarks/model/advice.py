@@ -10,11 +10,21 @@ from dataclasses import dataclass, replace
 from typing import TypedDict
 
 from trainfeed.benchmarks.model.catalog import DbuRate, Instance
-from trainfeed.benchmarks.model.cost import (GPU_PROFILES, Workload, cpu_device, gpu_device, machine_of_instance, mark_extremes,
-                   project_catalog, projection_row, recommend, store_layout)
+from trainfeed.benchmarks.model.cost import (
+    GPU_PROFILES,
+    Workload,
+    cpu_device,
+    gpu_device,
+    machine_of_instance,
+    mark_extremes,
+    project_catalog,
+    projection_row,
+    recommend,
+    store_layout,
+)
 from trainfeed.benchmarks.model.measured import device_of, loader_of, storage_of
-from trainfeed.benchmarks.model.projection import Device, Loader, Machine, feed
 from trainfeed.benchmarks.model.profiles import Accelerator, ObjectStore
+from trainfeed.benchmarks.model.projection import Device, Loader, Machine, feed
 from trainfeed.benchmarks.model.remedies import remedies
 from trainfeed.benchmarks.model.scenario import Scenario
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 
 from trainfeed.benchmarks.model.catalog import DbuRate, Instance, hourly_cost
 from trainfeed.benchmarks.model.measured import device_of, layout_of
-from trainfeed.benchmarks.model.projection import COMPUTE, Device, Layout, Loader, Machine, Projection, feed, project
 from trainfeed.benchmarks.model.profiles import ACCELERATORS, Accelerator, ObjectStore, calibration_key, step_seconds
+from trainfeed.benchmarks.model.projection import COMPUTE, Device, Layout, Loader, Machine, Projection, feed, project
 
 GPU_PROFILES = {"NVIDIA T4": "t4", "NVIDIA V100": "v100", "NVIDIA A10G": "a10g", "NVIDIA A100": "a100",
                 "NVIDIA H100": "h100"}

@@ -2,10 +2,9 @@
 per sample, what computes a step, the loader and the storage a cell ran with."""
 from __future__ import annotations
 
-from trainfeed.converters.storage.fetch import PART_SIZE
-
-from trainfeed.benchmarks.model.projection import Device, Layout, Loader, Machine
 from trainfeed.benchmarks.model.profiles import ObjectStore, load_object_store
+from trainfeed.benchmarks.model.projection import Device, Layout, Loader, Machine
+from trainfeed.converters.storage.fetch import PART_SIZE
 
 #: The CPU stages of an image input pipeline a cell records per sample (benchmarks/ab/stages.py).
 STAGES = ("read", "decode", "augment")

@@ -12,9 +12,16 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
+from trainfeed.benchmarks.model.catalog import (
+    CATALOG,
+    DBU_RATES,
+    DbuRate,
+    Instance,
+    load_catalog,
+    load_dbu_rates,
+    write_catalog,
+)
 from trainfeed.converters.errors import TrainfeedError, UsageError
-
-from trainfeed.benchmarks.model.catalog import CATALOG, DBU_RATES, DbuRate, Instance, load_catalog, load_dbu_rates, write_catalog
 
 AZURE_API = "https://prices.azure.com/api/retail/prices"
 AWS_PRICING = "https://pricing.us-east-1.amazonaws.com"

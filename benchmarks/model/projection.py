@@ -28,9 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from trainfeed.converters.errors import UsageError
-
 from trainfeed.benchmarks.model.profiles import ObjectStore
+from trainfeed.converters.errors import UsageError
 
 #: The names a projection's bottleneck can take.
 COMPUTE, DECODE, LATENCY, BANDWIDTH, NETWORK, IO_CPU = (

@@ -11,8 +11,8 @@ from typing import cast
 
 from trainfeed.benchmarks.model.catalog import DbuRate, Instance, hourly_cost
 from trainfeed.benchmarks.model.cost import Workload, machine_of_instance, projection_row, store_layout
-from trainfeed.benchmarks.model.projection import COMPUTE, DECODE, IO_CPU, Feed, Loader, Machine, feed
 from trainfeed.benchmarks.model.profiles import Accelerator, ObjectStore
+from trainfeed.benchmarks.model.projection import COMPUTE, DECODE, IO_CPU, Feed, Loader, Machine, feed
 
 #: CPU per sample of the offload workers' decode relative to the reader's: tf.data service
 #: workers decode with TensorFlow's ops, 373 samples per CPU-second against Pillow's reduced-scale

@@ -11,11 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import overload
 
-from trainfeed.converters.errors import TrainfeedError
-
 from trainfeed.benchmarks.model.cost import Workload
-from trainfeed.benchmarks.model.projection import Loader
 from trainfeed.benchmarks.model.profiles import ObjectStore
+from trainfeed.benchmarks.model.projection import Loader
+from trainfeed.converters.errors import TrainfeedError
 
 #: Where `storage-bench run --scenario` keeps a copy of the scenario, for `storage-bench report`.
 SCENARIO_COPY = "scenario.toml"

@@ -8,8 +8,18 @@ import math
 import numpy as np
 
 from trainfeed.benchmarks.model.measured import STAGES, layout_of, loader_of, machine_of, storage_of
-from trainfeed.benchmarks.model.projection import COMPUTE, DECODE, IO_CPU, LATENCY, Feed, Projection, feed, in_flight, project
 from trainfeed.benchmarks.model.profiles import ObjectStore
+from trainfeed.benchmarks.model.projection import (
+    COMPUTE,
+    DECODE,
+    IO_CPU,
+    LATENCY,
+    Feed,
+    Projection,
+    feed,
+    in_flight,
+    project,
+)
 
 
 def checks(cell: dict) -> list[str]:

@@ -6,7 +6,6 @@ from markdown_it import MarkdownIt
 
 from trainfeed.benchmarks.report import charts as charts_mod
 
-
 #: CommonMark plus tables; raw HTML in the Markdown (an error message, say) is shown, not run.
 _MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable("table")
 

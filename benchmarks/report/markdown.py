@@ -7,14 +7,13 @@ from __future__ import annotations
 import re
 from datetime import datetime, timezone
 
-from trainfeed.converters.redact import redact
-
 from trainfeed.benchmarks.model.cost import Spot
 from trainfeed.benchmarks.model.measured import layout_of, loader_of, machine_of, storage_of
-from trainfeed.benchmarks.model.projection import project
 from trainfeed.benchmarks.model.profiles import IO_CPU_SOURCE
+from trainfeed.benchmarks.model.projection import project
 from trainfeed.benchmarks.model.verdict import doubts, too_short
-from trainfeed.benchmarks.report.formatting import budget, fmt_num, fmt_ratio, fmt_rate, fmt_time, fmt_usd, place
+from trainfeed.benchmarks.report.formatting import budget, fmt_num, fmt_rate, fmt_ratio, fmt_time, fmt_usd, place
+from trainfeed.converters.redact import redact
 
 
 def _storage_key(cell) -> tuple:

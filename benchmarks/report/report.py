@@ -7,19 +7,18 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from trainfeed.converters.errors import UsageError
-from trainfeed.converters.redact import redact
-
-from trainfeed.benchmarks.report import charts as charts_mod
+from trainfeed.benchmarks.ab.results import load_results
 from trainfeed.benchmarks.model.advice import build_advice, plan_for
 from trainfeed.benchmarks.model.catalog import CATALOG, load_catalog, load_dbu_rates
 from trainfeed.benchmarks.model.cost import Workload
-from trainfeed.benchmarks.ab.results import load_results
+from trainfeed.benchmarks.model.measured import STAGES
 from trainfeed.benchmarks.model.projection import Loader
 from trainfeed.benchmarks.model.scenario import SCENARIO_COPY, Scenario, load_scenario
-from trainfeed.benchmarks.model.measured import STAGES
+from trainfeed.benchmarks.report import charts as charts_mod
 from trainfeed.benchmarks.report.html import html
 from trainfeed.benchmarks.report.markdown import catalog_markdown, markdown, markdown_nothing_measured
+from trainfeed.converters.errors import UsageError
+from trainfeed.converters.redact import redact
 
 
 def _cells(records):

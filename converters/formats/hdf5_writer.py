@@ -13,9 +13,9 @@ from typing import Callable, Iterator, TypeVar
 import h5py
 import numpy as np
 
-from trainfeed.converters.layout import DATASET_META, ID, LABEL, DatasetSchema, FieldSpec
-from trainfeed.converters.formats.options import WriteOptions, WriteResult
 from trainfeed.converters.formats.manifest import WRITER, write_manifest
+from trainfeed.converters.formats.options import WriteOptions, WriteResult
+from trainfeed.converters.layout import DATASET_META, ID, LABEL, DatasetSchema, FieldSpec
 from trainfeed.converters.sources.decode import Sample
 
 FORMAT = "hdf5"

@@ -13,10 +13,10 @@ from typing import Callable, Iterable, Iterator
 import fsspec
 
 from trainfeed.converters.errors import SampleError
-from trainfeed.converters.sources.labels import Labels
-from trainfeed.converters.layout import FieldSpec, RAW
-from trainfeed.converters.sources.listing import IMAGE, SourceFile, check_listed
+from trainfeed.converters.layout import RAW, FieldSpec
 from trainfeed.converters.sources.decode import ImageOptions, Sample, encoded_dtype, field_encoding, read_sample
+from trainfeed.converters.sources.labels import Labels
+from trainfeed.converters.sources.listing import IMAGE, SourceFile, check_listed
 
 
 def load_sample(fs: fsspec.AbstractFileSystem, kind: str, src: SourceFile, labels: Labels, image_opts: ImageOptions) -> Sample:

@@ -31,8 +31,8 @@ import threading
 import time
 import weakref
 from collections import OrderedDict, deque
-from contextlib import suppress
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 
 from fsspec.exceptions import FSTimeoutError
 

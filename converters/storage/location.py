@@ -36,8 +36,7 @@ import fsspec
 
 from trainfeed.converters.errors import UsageError
 from trainfeed.converters.redact import redact_url
-from trainfeed.converters.storage.config import (object_store_options, parse_url,  # noqa: F401 (parse_url: re-exported)
-                                                 scheme_without_slashes)
+from trainfeed.converters.storage.config import object_store_options, parse_url, scheme_without_slashes  # noqa: F401 (parse_url: re-exported)
 from trainfeed.converters.storage.filesystems import is_local, open_fs
 from trainfeed.converters.storage.native import Identity
 

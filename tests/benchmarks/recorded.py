@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from trainfeed.benchmarks.ab.results import RESULTS_VERSION
-from trainfeed.benchmarks.model.verdict import checks, verdict
 from trainfeed.benchmarks.model.profiles import OBJECT_STORES
+from trainfeed.benchmarks.model.verdict import checks, verdict
 
 
 def cell(store: str = "parquet", node: str = "t4", framework: str = "torch", *, compute: float = 100.0,

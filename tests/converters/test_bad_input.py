@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainfeed.converters.formats import parquet
 from tests.conftest import write_images, write_volumes
+from trainfeed.converters.formats import parquet
 
 FORMATS = [("parquet", "out.parquet"), ("delta", "out.delta"), ("hdf5", "out.h5")]
 
@@ -236,9 +236,9 @@ def test_overwrite_refuses_a_folder_that_is_not_a_store(tmp_path, volumes, conve
 
 def test_verify_failure_publishes_nothing(tmp_path, volumes, monkeypatch):
     """A store that does not match its source is never made visible."""
+    from tests.conftest import run_cli
     from trainfeed.converters import verify as verify_mod
     from trainfeed.converters.cli import app
-    from tests.conftest import run_cli
 
     src, _ = volumes
     real = verify_mod.same_value
@@ -266,10 +266,10 @@ def test_usage_errors_exit_2(tmp_path, volumes, convert_cli, args, message):
 
 
 def test_failed_verify_of_a_delta_overwrite_restores_the_previous_version(tmp_path, volumes, monkeypatch):
-    from trainfeed.converters.formats import delta
+    from tests.conftest import run_cli
     from trainfeed.converters import verify as verify_mod
     from trainfeed.converters.cli import app
-    from tests.conftest import run_cli
+    from trainfeed.converters.formats import delta
 
     src, truth = volumes
     dst = tmp_path / "t.delta"

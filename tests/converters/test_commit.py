@@ -9,8 +9,8 @@ import pytest
 
 from trainfeed.converters import commit
 from trainfeed.converters.errors import TrainfeedError
-from trainfeed.converters.layout import DATASET_META, DatasetSchema, FieldSpec
 from trainfeed.converters.formats.manifest import WRITER, write_manifest
+from trainfeed.converters.layout import DATASET_META, DatasetSchema, FieldSpec
 
 SCHEMA = DatasetSchema(fields=[FieldSpec("volume", "float32", (2,))], labeled=False)
 

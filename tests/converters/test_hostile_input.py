@@ -20,16 +20,16 @@ import pytest
 from numpy.lib import format as npformat
 from PIL import Image
 
-from trainfeed.converters.formats import parquet
-from trainfeed.converters.sources import decode as sources
-from trainfeed.converters.sources.labels import Labels
-from trainfeed.converters.sources.samples import load_sample
-from trainfeed.converters.sources.listing import list_source
-from trainfeed.converters.sources.decode import ImageOptions
-from trainfeed.converters.formats.registry import FORMATS
-from trainfeed.converters.verify import reference_sample, same_value
 from tests.conftest import write_volumes
 from tests.converters.formats.test_roundtrip import TARGETS, stored
+from trainfeed.converters.formats import parquet
+from trainfeed.converters.formats.registry import FORMATS
+from trainfeed.converters.sources import decode as sources
+from trainfeed.converters.sources.decode import ImageOptions
+from trainfeed.converters.sources.labels import Labels
+from trainfeed.converters.sources.listing import list_source
+from trainfeed.converters.sources.samples import load_sample
+from trainfeed.converters.verify import reference_sample, same_value
 
 REPO = Path(__file__).resolve().parents[2]
 

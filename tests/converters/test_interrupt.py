@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import write_volumes
 from trainfeed.converters.formats import delta, hdf5, parquet
 from trainfeed.converters.formats.registry import detect_format
-from tests.conftest import write_volumes
 
 READERS = {"parquet": parquet, "delta": delta, "hdf5": hdf5}
 pytestmark = pytest.mark.slow

@@ -17,12 +17,12 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
-from trainfeed.converters.formats import delta, hdf5
-from trainfeed.converters.commit import DestinationLock
-from trainfeed.converters.layout import MANIFEST
-from trainfeed.converters.formats.registry import FORMATS
 from tests.conftest import write_images, write_volumes
 from tests.converters.test_bad_input import tree_digest
+from trainfeed.converters.commit import DestinationLock
+from trainfeed.converters.formats import delta, hdf5
+from trainfeed.converters.formats.registry import FORMATS
+from trainfeed.converters.layout import MANIFEST
 
 STORES = [("parquet", "out.parquet"), ("delta", "out.delta"), ("hdf5", "out.h5"), ("hdf5", "out_shards")]
 

@@ -8,9 +8,9 @@ import re
 import numpy as np
 import pytest
 
-from trainfeed.converters.formats import delta, parquet
 from tests.conftest import run_cli, write_volumes
 from tests.pipelines.test_bundle import bundle, jobs
+from trainfeed.converters.formats import delta, parquet
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import trainfeed
-from trainfeed.converters.formats import delta, parquet
 from tests.conftest import run_cli, write_volumes
+from trainfeed.converters.formats import delta, parquet
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -147,9 +147,9 @@ def test_task_attempts_write_apart(tmp_path):
     write into folders of their own, each a whole part of the task's files in id order."""
     import pyarrow.parquet as pq
 
-    from trainfeed.converters.sources.labels import Labels
     from trainfeed.converters.formats.options import WriteOptions
     from trainfeed.converters.sources.decode import ImageOptions
+    from trainfeed.converters.sources.labels import Labels
     from trainfeed.converters.sources.listing import list_source
     from trainfeed.converters.sources.samples import SchemaGuard, load_sample
     from trainfeed.pipelines import repack

@@ -152,8 +152,8 @@ def test_bad_input(tmp_path, learnable, args, code, message):
 
 
 def test_label_out_of_range(tmp_path, learnable):
-    from trainfeed.converters.cli import app
     from tests.conftest import write_volumes
+    from trainfeed.converters.cli import app
 
     src = tmp_path / "v"
     write_volumes(src, 40, shape=(12, 12, 4, 2), labels_csv=False)
@@ -176,11 +176,11 @@ def test_label_out_of_range(tmp_path, learnable):
 
 def test_label_range_error_speaks_python_to_api_callers(tmp_path):
     """The API is told the keyword argument (num_classes=), the command line the flag."""
+    from tests.conftest import write_volumes
     from trainfeed.converters.cli import app
     from trainfeed.converters.errors import TrainfeedError
     from trainfeed.trainer import train
     from trainfeed.training.config import TrainConfig
-    from tests.conftest import write_volumes
 
     write_volumes(tmp_path / "v", 40, shape=(4, 4, 2, 1), labels_csv=False)
     (tmp_path / "l.csv").write_text("id,label\n" + "".join(f"v{i:03d},{i % 5}\n" for i in range(40)))
@@ -193,8 +193,8 @@ def test_label_range_error_speaks_python_to_api_callers(tmp_path):
 
 
 def test_unlabeled_store_is_refused(tmp_path):
-    from trainfeed.converters.cli import app
     from tests.conftest import write_volumes
+    from trainfeed.converters.cli import app
 
     write_volumes(tmp_path / "v", 40, shape=(4, 4, 4, 1), labels_csv=False)
     assert run_cli(app, tmp_path / "v", tmp_path / "u.h5", "--to", "hdf5", "--no-progress").exit_code == 0
@@ -206,8 +206,8 @@ def test_unlabeled_store_is_refused(tmp_path):
 
 
 def test_2d_resnet_trains_from_an_image_store(tmp_path):
-    from trainfeed.converters.cli import app
     from tests.conftest import write_images
+    from trainfeed.converters.cli import app
 
     write_images(tmp_path / "imgs", 24, size=(40, 48))
     assert run_cli(app, tmp_path / "imgs", tmp_path / "imgs.h5", "--to", "hdf5", "--resize", "32x32",
@@ -244,9 +244,9 @@ def test_resume_mid_epoch_continues_at_the_exact_next_batch(tmp_path, monkeypatc
 
     import numpy as np
 
+    from tests.conftest import write_volumes
     from trainfeed.converters.cli import app
     from trainfeed.training.loops import loop
-    from tests.conftest import write_volumes
 
     write_volumes(tmp_path / "v", 16, shape=(4, 4, 2, 1))
     assert run_cli(app, tmp_path / "v", tmp_path / "s.parquet", "--to", "parquet", "--labels", tmp_path / "v" /
@@ -301,8 +301,8 @@ def test_torch_threads_are_the_cores_the_readers_leave_and_said(tmp_path, monkey
 
     import torch
 
-    from trainfeed.converters.cli import app
     from tests.conftest import write_volumes
+    from trainfeed.converters.cli import app
 
     write_volumes(tmp_path / "v", 32, shape=(4, 4, 2, 1))
     assert run_cli(app, tmp_path / "v", tmp_path / "s.h5", "--to", "hdf5", "--no-progress").exit_code == 0

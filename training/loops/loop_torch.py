@@ -15,12 +15,11 @@ import torch
 import torch.nn.functional as F
 
 from trainfeed.converters.errors import TrainfeedError
-
 from trainfeed.training.config import TrainConfig, distributed_env
-from trainfeed.training.models.resnet_torch import build, parameter_count
-from trainfeed.training.reading.readers import Batch
 from trainfeed.training.loops.plan import Plan, as_model_input
 from trainfeed.training.loops.resume import CHECKPOINT_FORMAT, Position
+from trainfeed.training.models.resnet_torch import build, parameter_count
+from trainfeed.training.reading.readers import Batch
 
 CHECKPOINT = "checkpoint.pt"
 #: What a checkpoint holds besides its format marker; all of it loads with ``weights_only``.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+
 class _Block(nn.Module):
     def __init__(self, conv, norm, cin: int, cout: int, stride: int):
         super().__init__()

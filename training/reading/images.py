@@ -24,8 +24,8 @@ import numpy as np
 from PIL import Image
 
 from trainfeed.converters.errors import SampleError, TrainfeedError
-from trainfeed.converters.layout import RAW, FieldSpec
 from trainfeed.converters.formats.options import Columns
+from trainfeed.converters.layout import RAW, FieldSpec
 from trainfeed.converters.sources.decode import _IMAGE_ERRORS, _in_mode, _pixel_array, _undecodable, exact_pixels
 
 #: Random resized crop: a crop covering this fraction of the image's area, at an aspect ratio

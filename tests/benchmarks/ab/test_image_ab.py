@@ -7,12 +7,12 @@ import csv
 
 import pytest
 
+from tests.benchmarks.recorded import cell
 from trainfeed.benchmarks.ab.measure import id_label_digest
 from trainfeed.benchmarks.model.measured import layout_of, loader_of, machine_of, storage_of
 from trainfeed.benchmarks.model.projection import project
 from trainfeed.benchmarks.model.verdict import BELOW_MODEL, verdict
 
-from tests.benchmarks.recorded import cell
 from .test_storage_bench import bench_cli, records_of
 
 COUNT = 48

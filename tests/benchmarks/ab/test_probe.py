@@ -9,10 +9,9 @@ from dataclasses import replace
 
 import pytest
 
-from trainfeed.benchmarks.model.projection import Device, Layout, Loader, host_cpu
 from trainfeed.benchmarks.ab.probe import CPU_PASSES, ProbeConfig, probe, reader, summary
-from trainfeed.benchmarks.model.profiles import (IO_CPU_S_PER_GB, ObjectStore, load_object_store,
-                                           save_object_store)
+from trainfeed.benchmarks.model.profiles import IO_CPU_S_PER_GB, ObjectStore, load_object_store, save_object_store
+from trainfeed.benchmarks.model.projection import Device, Layout, Loader, host_cpu
 from trainfeed.converters.errors import TrainfeedError
 from trainfeed.converters.storage.filesystems import open_fs
 from trainfeed.converters.storage.native import NativeFileSystem

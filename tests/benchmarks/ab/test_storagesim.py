@@ -17,9 +17,14 @@ import pytest
 
 from tests.conftest import run_cli
 from trainfeed.benchmarks.ab.probe import ProbeConfig, probe
-from trainfeed.benchmarks.model.profiles import (OBJECT_STORES, ObjectStore, bound_mb_per_s, load_object_store,
-                                           save_object_store)
 from trainfeed.benchmarks.ab.storagesim import EmulatedFileSystem
+from trainfeed.benchmarks.model.profiles import (
+    OBJECT_STORES,
+    ObjectStore,
+    bound_mb_per_s,
+    load_object_store,
+    save_object_store,
+)
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.storage.location import locate
 

@@ -8,15 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from trainfeed.benchmarks.report import report
+from tests.benchmarks.recorded import cell
 from trainfeed.benchmarks.model.advice import build_advice, plan_for
 from trainfeed.benchmarks.model.catalog import DbuRate, Instance
 from trainfeed.benchmarks.model.cost import Workload
 from trainfeed.benchmarks.model.projection import Loader
 from trainfeed.benchmarks.model.scenario import SCENARIO_COPY, load_scenario
+from trainfeed.benchmarks.report import report
 from trainfeed.converters.errors import TrainfeedError
-
-from tests.benchmarks.recorded import cell
 
 T4_STEP = 8.1e12 * 0.35 * 0.4  # a T4 profile computes this batch of 32 in 0.4 s: 80 samples/s
 SHIPPED = Path(__file__).parents[3] / "scenarios" / "reference-azure-databricks.toml"

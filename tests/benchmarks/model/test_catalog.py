@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from trainfeed.benchmarks.model.catalog import (DbuRate, Instance, hourly_cost, load_catalog, load_dbu_rates,
-                                          write_catalog)
+from trainfeed.benchmarks.model.catalog import (
+    DbuRate,
+    Instance,
+    hourly_cost,
+    load_catalog,
+    load_dbu_rates,
+    write_catalog,
+)
 from trainfeed.converters.errors import TrainfeedError
 
 HEADER = ("cloud,region,instance,vcpus,ram_gib,gpus,gpu_model,gpu_mem_gib,network_gbps,on_demand_usd_per_h,"

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import pytest
 
+from tests.benchmarks.recorded import cell
 from trainfeed.benchmarks.model.catalog import Instance
 from trainfeed.benchmarks.model.cost import Workload, project_catalog, recommend
 from trainfeed.benchmarks.model.projection import Loader
-
-from tests.benchmarks.recorded import cell
 
 T4_HALF_SECOND = 8.1e12 * 0.35 * 0.5  # training FLOPs of one step that a T4 profile computes in 0.5 s
 MEASURED = [cell("parquet", "cpu", node_kind="real", compute=10, cpu_step_s=1.0, cpu_ms=40, real=10, cores=4,

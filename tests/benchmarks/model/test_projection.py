@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainfeed.benchmarks.model.projection import Device, Layout, Loader, Machine, feed, host_cpu, parse_loader, project
 from trainfeed.benchmarks.model.profiles import IO_CPU_S_PER_GB, ObjectStore
+from trainfeed.benchmarks.model.projection import Device, Layout, Loader, Machine, feed, host_cpu, parse_loader, project
 from trainfeed.converters.errors import UsageError
 
 # 50 ms first byte, 60 MB/s a stream, 64 connections at most

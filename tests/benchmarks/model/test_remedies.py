@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import pytest
 
+from tests.benchmarks.recorded import cell
 from trainfeed.benchmarks.model.advice import build_advice, plan_for
 from trainfeed.benchmarks.model.catalog import Instance
 from trainfeed.benchmarks.model.cost import Workload
 from trainfeed.benchmarks.model.remedies import OFFLOAD_CPU_FACTOR
-
-from tests.benchmarks.recorded import cell
 
 T4_TENTH = 8.1e12 * 0.35 * 0.1  # FLOPs of a step the T4 profile computes in 0.1 s
 STAGES = {"read": 0.001, "decode": 0.022, "augment": 0.002, "samples": 64, "pixel_bytes_per_sample": 12288,

@@ -8,10 +8,9 @@ from dataclasses import asdict
 
 import pytest
 
+from tests.benchmarks.recorded import cell
 from trainfeed.benchmarks.model.profiles import ObjectStore
 from trainfeed.benchmarks.model.verdict import verdict
-
-from tests.benchmarks.recorded import cell
 
 COMPUTE_ADVICE = "A faster device or more devices help; repacking does not."
 # A nearby store (1 ms, 500 MB/s a stream, 256 in flight) whose client costs 3 CPU-s per GB (probed).
@@ -137,9 +136,8 @@ def test_a_step_at_the_profiles_floor_does_not_advise_a_faster_gpu():
     the same on every GPU, so the advice cannot be "a faster device helps"."""
     from dataclasses import asdict
 
-    from trainfeed.benchmarks.model.profiles import ACCELERATORS
-
     from tests.benchmarks.recorded import cell
+    from trainfeed.benchmarks.model.profiles import ACCELERATORS
 
     h100 = asdict(ACCELERATORS["h100"])
     rec = cell("parquet", "h100", compute=8 / h100["step_floor_s"], ingest=50_000.0, real=1900.0, batch_size=8,

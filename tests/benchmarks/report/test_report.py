@@ -7,10 +7,9 @@ import json
 import re
 from html.parser import HTMLParser
 
+from tests.benchmarks.recorded import cell, error, location
 from trainfeed.benchmarks.report import charts, report
 from trainfeed.converters.formats.registry import FORMATS
-
-from tests.benchmarks.recorded import cell, error, location
 
 TIMELINE = [{"t": 0.0, "cpu_percent": 10.0, "process_cpu_percent": 40.0},
             {"t": 1.0, "cpu_percent": 90.0, "process_cpu_percent": 300.0}]
@@ -149,10 +148,9 @@ def test_a_comparison_across_storage_is_labelled_as_mixing_location_and_layout(t
 def test_the_vcpus_to_feed_one_gpu_are_the_models(tmp_path):
     """The report's "vCPUs to feed one GPU" row of a cell's GPU is model.feed of that cell, and its
     verdict names the storage client's CPU where the machine's vCPUs cannot carry the reads."""
+    from tests.benchmarks.model.test_verdict import near
     from trainfeed.benchmarks.model.measured import device_of, layout_of, loader_of, storage_of
     from trainfeed.benchmarks.model.projection import feed
-
-    from tests.benchmarks.model.test_verdict import near
 
     rec = near(store="delta", cores=12)
     write_results(tmp_path, [rec])

@@ -12,10 +12,9 @@ import subprocess
 
 import pytest
 
-from trainfeed.benchmarks.report import report
-
 from tests.benchmarks.recorded import cell, location
 from tests.benchmarks.report.test_report import write_results
+from trainfeed.benchmarks.report import report
 
 ON = {"backend": "azurite", "profile": "azure-blob"}
 

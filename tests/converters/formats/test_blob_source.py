@@ -12,9 +12,9 @@ import fsspec
 import numpy as np
 import pytest
 
+from tests.conftest import write_volumes
 from trainfeed.converters.formats import hdf5
 from trainfeed.converters.storage.config import DEFAULT_CALL_TIMEOUT_S
-from tests.conftest import write_volumes
 
 pytestmark = pytest.mark.azurite
 REPO = Path(__file__).resolve().parents[3]

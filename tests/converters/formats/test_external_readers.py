@@ -6,15 +6,15 @@ import json
 import numpy as np
 import pytest
 
+from tests.conftest import write_volumes
 from trainfeed.converters.formats import delta, parquet
 from trainfeed.converters.layout import decode_tensor
-from tests.conftest import write_volumes
 
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
-    from trainfeed.converters.cli import app
     from tests.conftest import run_cli
+    from trainfeed.converters.cli import app
 
     root = tmp_path_factory.mktemp("stores")
     src = root / "vols"

@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from tests.conftest import write_volumes
 from trainfeed.converters.formats import delta, hdf5, parquet
 from trainfeed.converters.formats.registry import FORMATS, detect_format
-from tests.conftest import write_volumes
 
 TARGETS = [("parquet", "out.parquet", "binary"), ("parquet", "out_list.parquet", "list"),
            ("delta", "out.delta", "binary"), ("delta", "out_list.delta", "list"),

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trainfeed.converters.formats import delta, hdf5, parquet
 from tests.conftest import write_volumes
+from trainfeed.converters.formats import delta, hdf5, parquet
 
 
 def labels_of(path) -> dict:

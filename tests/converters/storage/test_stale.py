@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import trainfeed
-from tests.test_object_storage import SHAPE, STORES, SMALL, convert, get_backend, labels, on, source
+from tests.test_object_storage import SHAPE, SMALL, STORES, convert, get_backend, labels, on, source
 
 BACKENDS = [on("azurite"), on("s3")]
 

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import trainfeed
-from trainfeed.converters.errors import TrainfeedError
 from tests.conftest import run_cli
+from trainfeed.converters.errors import TrainfeedError
 
 N = 64
 SHAPE = (6, 6, 4, 2)
