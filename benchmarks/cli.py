@@ -52,7 +52,8 @@ def _shape(text: str) -> tuple[int, ...]:
     return shape
 
 
-@app.command(short_help="Generate a synthetic, learnable dataset (volumes or images).", help="Generate a synthetic, learnable dataset shaped like the reference cases: numpy volumes "
+@app.command(short_help="Generate a synthetic, learnable dataset (volumes or images).",
+             help="Generate a synthetic, learnable dataset shaped like the reference cases: numpy volumes "
                   "(one .npy per sample, label = sign of the mean of channel 0 over a corner region, in "
                   "labels.csv or class folders) or JPEG class folders.")
 def generate(
@@ -116,10 +117,12 @@ def _csv(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
-@app.command(short_help="Measure the storage A/B matrix and write the report.", help="Run the storage A/B matrix on one dataset: --stores x --nodes x --frameworks. Every store "
+@app.command(short_help="Measure the storage A/B matrix and write the report.",
+             help="Run the storage A/B matrix on one dataset: --stores x --nodes x --frameworks. Every store "
                   "(the small files too) is staged on one --storage-backend and every cell reads it from there, "
                   "through the --storage-profile latency emulation, with one connection budget (--workers, "
-                  "--io-concurrency): the cells differ by layout only (the layout effect). The best compacted store is also read from local disk as it is "
+                  "--io-concurrency): the cells differ by layout only (the layout effect). "
+                  "The best compacted store is also read from local disk as it is "
                   "(the location effect), unless the cells read local disk as it is already. Each cell is measured "
                   "three ways (compute-only, ingest-only, real run; the reader's CPU time per sample and the "
                   "machine's load recorded), diagnosed, and projected to time and cost per instance of the "
@@ -139,9 +142,11 @@ def run(
     stores: str = typer.Option(",".join(STORES), "--stores", help=f"Comma-separated: {', '.join(STORES)}."),
     nodes: str = typer.Option("cpu,t4,h100", "--nodes", help="cpu, cuda (a real GPU), emulated t4, v100, a10g, a100, "
                               "h100, or a profile file from `calibrate`."),
-    frameworks: str = typer.Option("torch", "--frameworks", help="torch, tf (tf on real nodes only matters for compute)."),
+    frameworks: str = typer.Option("torch", "--frameworks", help="torch, tf (tf on real nodes only matters for "
+                                   "compute)."),
     steps: int = typer.Option(30, "--steps", help="Measured steps per cell on emulated nodes (plus one warm-up)."),
-    cpu_steps: int = typer.Option(4, "--cpu-steps", help="Steps per cell on a real CPU node (the full model is slow there)."),
+    cpu_steps: int = typer.Option(4, "--cpu-steps", help="Steps per cell on a real CPU node (the full model is slow "
+                                  "there)."),
     batch_size: int = typer.Option(32, "--batch-size"),
     width: int = typer.Option(64, "--width", help="Model width: 64 is ResNet-18 (33.2M parameters in 3D)."),
     workers: int = typer.Option(4, "--workers", help="Reader threads, the same for every store."),
@@ -200,7 +205,8 @@ def run(
             return
         if src is None:
             raise UsageError("SRC is required unless --scenario is given")
-        labels = labels or (str(Path(src) / "labels.csv") if "://" not in src and (Path(src) / "labels.csv").exists() else None)
+        labels = labels or (str(Path(src) / "labels.csv")
+                            if "://" not in src and (Path(src) / "labels.csv").exists() else None)
         cfg = MatrixConfig(src=src, out=str(out), labels_csv=labels, stores=_csv(stores), nodes=_csv(nodes),
                            frameworks=_csv(frameworks), steps=steps, cpu_steps=cpu_steps, batch_size=batch_size,
                            width=width, workers=workers, io_concurrency=io_concurrency, repeats=repeats,
@@ -226,7 +232,8 @@ def _fail_unless_measured(info: dict) -> None:
                              f"first failure: {info['first_error'] or 'none recorded'}")
 
 
-@app.command(short_help="Rebuild the report from OUT/results.jsonl.", help="Rebuild results.csv, costs.csv, report.md and report.html from OUT/results.jsonl.")
+@app.command(short_help="Rebuild the report from OUT/results.jsonl.",
+             help="Rebuild results.csv, costs.csv, report.md and report.html from OUT/results.jsonl.")
 def report(
     out: Path = typer.Argument(..., help="A folder written by `storage-bench run`."),
     target_samples: int = typer.Option(650_000, "--target-samples"),
@@ -246,7 +253,8 @@ def report(
         _fail_unless_measured(info)
 
 
-@app.command(short_help="Measure this machine's step time (a node profile).", help="Measure compute-only step time of the model on this machine's device (CPU, or CUDA when "
+@app.command(short_help="Measure this machine's step time (a node profile).",
+             help="Measure compute-only step time of the model on this machine's device (CPU, or CUDA when "
                   "present) and save it as an accelerator profile that `run --nodes PROFILE` uses instead of the "
                   "FLOPs estimate.")
 def calibrate(
@@ -274,14 +282,15 @@ def calibrate(
     typer.echo(f"{label}: {seconds * 1e3:.1f} ms per step of batch {batch_size} -> {out}")
 
 
-@app.command(short_help="Measure an object store (latency, bandwidth, client CPU).", help="Measure an object store (or any folder or fsspec URL) the way the latency emulation models "
+@app.command(short_help="Measure an object store (latency, bandwidth, client CPU).",
+             help="Measure an object store (or any folder or fsspec URL) the way the latency emulation models "
                   "one: the request-time distribution of small GETs (p50/p90/p99), single-stream bandwidth of large "
                   "range reads, throughput at concurrency 1, 2, 4, ... --max-concurrency, and the client's CPU-seconds "
                   "per GB at 1, 8 and 32 requests in flight (process CPU time; those up to --max-concurrency), read "
                   "through trainfeed's own client as the reader reads. Probe objects are "
                   "written under URL/_trainfeed-probe-<id>/ and deleted afterwards, also on failure or Ctrl-C. "
-                  "--out saves a profile (kind \"probed\") that --storage-profile and the emulation accept. Progress on "
-                  "stderr, a table (or --json: the profile) on stdout.")
+                  "--out saves a profile (kind \"probed\") that --storage-profile and the emulation accept. "
+                  "Progress on stderr, a table (or --json: the profile) on stdout.")
 def probe(
     url: str = typer.Argument(..., help="Local folder or fsspec URL: abfs://container/prefix, s3://bucket/prefix, "
                               "emulated:///folder (with --storage-option target=file profile=azure-blob), ..."),
@@ -318,10 +327,11 @@ def probe(
         typer.echo(redact_json(asdict(profile)) if as_json else redact(summary(profile)))
 
 
-@app.command(short_help="Print (or --refresh) the instance price catalog.", help="Print the instance catalog: prices in USD per hour (Linux, on demand and spot) with the date and "
-                  "source of each, and the Databricks DBU rates. --refresh fetches current prices from the Azure Retail "
-                  "Prices API and the AWS price list (AmazonEC2 offer file) and writes the updated catalog to --out; "
-                  "without --out it prints what would change and writes nothing. Progress on stderr.")
+@app.command(short_help="Print (or --refresh) the instance price catalog.",
+             help="Print the instance catalog: prices in USD per hour (Linux, on demand and spot) with the date and "
+                  "source of each, and the Databricks DBU rates. --refresh fetches current prices from the Azure "
+                  "Retail Prices API and the AWS price list (AmazonEC2 offer file) and writes the updated catalog "
+                  "to --out; without --out it prints what would change and writes nothing. Progress on stderr.")
 def prices(
     catalog: Path = typer.Option(CATALOG, "--catalog", help="Instance catalog CSV."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),

@@ -94,7 +94,8 @@ def generate_images(out: Path, count: int, *, size: tuple[int, int] = IMAGE_SIZE
         sub = out / f"class_{cls}"
         sub.mkdir(exist_ok=True)
         buf = io.BytesIO()
-        Image.fromarray(make_image(rng, size, cls, classes)).save(buf, format="PNG" if ext == "png" else "JPEG", quality=90)
+        Image.fromarray(make_image(rng, size, cls, classes)).save(buf, format="PNG" if ext == "png" else "JPEG",
+                                                                  quality=90)
         (sub / f"img_{i:0{width}d}.{ext}").write_bytes(buf.getvalue())
         total += buf.tell()
         if progress:

@@ -149,7 +149,8 @@ def main_command(
                                              "call_timeout=SECONDS is trainfeed's own: the longest one call to a "
                                              "remote store (folder check, one file's read, the labels file) may "
                                              "take, retries included (default 30; 0: no limit)."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the results instead of the summary."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the results instead of the "
+                                 "summary."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
 ) -> None:
     with exit_codes("interrupted: nothing was published at the destination"):

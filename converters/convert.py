@@ -82,7 +82,8 @@ def _labels_for_append(dst: str, table: DatasetSchema, labels: Labels) -> Labels
     """The new samples' labels in the table's numbering: a class the table knows keeps its
     number, a new class gets the next free one. Samples with and without labels, or with
     class names and with integer labels, never mix in one table."""
-    new, old = _kind_of_labels(labels.by_id is not None, labels.label_map), _kind_of_labels(table.labeled, table.label_map)
+    new, old = (_kind_of_labels(labels.by_id is not None, labels.label_map),
+                _kind_of_labels(table.labeled, table.label_map))
     if new != old:
         raise TrainfeedError(f"{dst}: cannot append samples with {new} to a table with {old}")
     if not labels.label_map:
@@ -339,7 +340,8 @@ def _convert(cfg: ConvertConfig, dst: Location, t0: float, progress: ProgressFn 
                              f"differ from the new samples' {[f.to_dict() for f in schema.fields]}")
     batches = stream.batches(first, cfg.write.rows_per_group(first.nbytes))
 
-    def check(path: Path | Location, exact: bool) -> dict | None:  # --verify: the written store (Path or Location) against its source
+    # --verify: the written store (Path or Location) against its source
+    def check(path: Path | Location, exact: bool) -> dict | None:
         return verify_store(path, cfg.fmt, fs=fs, listing=listing, labels=labels, image_opts=cfg.image,
                             expected_ids=stream.accepted, exact=exact, workers=cfg.workers) if cfg.verify else None
 

@@ -204,7 +204,8 @@ def arrow_schema(schema: DatasetSchema, tensor_column: str = "binary") -> pa.Sch
     label_meta = {LABEL_MAP_META: json.dumps(schema.label_map).encode()} if schema.label_map else None
     fields = [pa.field(ID, pa.string(), nullable=False), pa.field(LABEL, pa.int64(), metadata=label_meta)]
     for spec in schema.fields:
-        fields.append(pa.field(spec.name, _arrow_value_type(spec, tensor_column), metadata={FIELD_META: json.dumps(spec.to_dict()).encode()}))
+        fields.append(pa.field(spec.name, _arrow_value_type(spec, tensor_column),
+                               metadata={FIELD_META: json.dumps(spec.to_dict()).encode()}))
     return pa.schema(fields, metadata={DATASET_META: schema.to_json()})
 
 

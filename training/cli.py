@@ -85,11 +85,12 @@ def _human(s: dict) -> str:
         f"  throughput   {_throughput(s['samples_per_s'], s['mb_per_s'])}",
         f"  time         data wait {_duration(s['data_wait_s'])} + compute {_duration(s['compute_s'])} "
         f"(stall {100 * (s['stall_fraction'] or 0):.1f}%, AU {100 * (s['au'] or 0):.1f}%)",
-        f"  machine      CPU {_num(util.get('cpu_percent_mean'), '.0f')}%, RSS max {_num(util.get('rss_mb_max'), ',.0f')} MB",
+        f"  machine      CPU {_num(util.get('cpu_percent_mean'), '.0f')}%, "
+        f"RSS max {_num(util.get('rss_mb_max'), ',.0f')} MB",
     ]
     if threads:
-        lines.append(f"  threads      torch intra-op {threads['intra_op']} ({threads['how']}: {threads['cores']} cores, "
-                     f"reader threads {threads['reader_workers']}; OMP_NUM_THREADS chooses)")
+        lines.append(f"  threads      torch intra-op {threads['intra_op']} ({threads['how']}: "
+                     f"{threads['cores']} cores, reader threads {threads['reader_workers']}; OMP_NUM_THREADS chooses)")
     lines.append(f"  accuracy     train {_percent(s.get('train_accuracy'))}"
                  + (f", eval {_percent(s['eval']['accuracy'])}" if s.get("eval") else ""))
     if s.get("preempted"):
@@ -118,7 +119,8 @@ def main_command(
                                 "Petastorm's workers)."),
     pool: Pool = typer.Option(Pool.arrow, "--reader-pool", help="arrow: trainfeed's own engine (default); "
                               "sharded/process/thread/dummy: Petastorm's, needs trainfeed[petastorm]."),
-    amp: bool = typer.Option(False, "--amp", help="Mixed precision: bf16 where supported, else fp16 with loss scaling."),
+    amp: bool = typer.Option(False, "--amp", help="Mixed precision: bf16 where supported, else fp16 with loss "
+                             "scaling."),
     seed: int = typer.Option(0, "--seed", help="Seeds the model, the shuffle order and sharding (0 to 2^32-1)."),
     lr: float = typer.Option(1e-3, "--lr", help="Adam learning rate (a positive number)."),
     width: int = typer.Option(64, "--width", help="Channels of the first stage: 64 is ResNet-18 (3D: 33.2M "
@@ -149,7 +151,8 @@ def main_command(
     storage_option: List[str] = typer.Option([], "--storage-option", help="KEY=VALUE for a URL in --data, "
                                              "--eval-data or --labels, in fsspec's names (e.g. connection_string=..., "
                                              "account_name=..., key=..., secret=..., endpoint_url=...); Delta logs are "
-                                             "read with the same credentials. Also: call_timeout=SECONDS (default 30)."),
+                                             "read with the same credentials. Also: call_timeout=SECONDS "
+                                             "(default 30)."),
     io_concurrency: int = typer.Option(8, "--io-concurrency", help="Stores on object storage: range requests in "
                                        "flight for the reader (apart from --workers, which decode)."),
     cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="Stores on object storage: keep what is read "

@@ -1,1 +1,2 @@
-"""The storage A/B behind `storage-bench run`: the matrix of cells, the storage each runs on, and how each is measured."""
+"""The storage A/B behind `storage-bench run`: the matrix of cells, the storage each runs on, and how
+each is measured."""

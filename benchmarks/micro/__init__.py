@@ -1,1 +1,2 @@
-"""Developer micro-benchmarks behind `make bench-*`: one measured question each, JSON lines out. Not part of `storage-bench`."""
+"""Developer micro-benchmarks behind `make bench-*`: one measured question each, JSON lines out.
+Not part of `storage-bench`."""

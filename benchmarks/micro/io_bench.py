@@ -69,7 +69,8 @@ class Meter:
         self.cpu = time.process_time() - self.cpu
 
     def record(self, nbytes: int, **fields) -> dict:
-        return {**fields, "bytes": nbytes, "seconds": round(self.wall, 4), "mb_per_s": round(nbytes / self.wall / 1e6, 1),
+        return {**fields, "bytes": nbytes, "seconds": round(self.wall, 4),
+                "mb_per_s": round(nbytes / self.wall / 1e6, 1),
                 "cpu_s": round(self.cpu, 3), "cpu_s_per_gb": round(self.cpu / (nbytes / 1e9), 3),
                 "load_1m": round(self.load, 2)}
 
@@ -218,7 +219,8 @@ def run(args) -> list[dict]:
                 files = [local[fmt]] if local[fmt].is_file() else [f for f in local[fmt].rglob("*") if f.is_file()]
                 with Meter() as m:
                     with ThreadPoolExecutor(4) as pool:
-                        list(pool.map(lambda f: fs.put_file(str(f), f"{BUCKET}/raw-{fmt}/{f.relative_to(local[fmt].parent)}"),
+                        list(pool.map(lambda f, fs=fs, fmt=fmt:
+                                      fs.put_file(str(f), f"{BUCKET}/raw-{fmt}/{f.relative_to(local[fmt].parent)}"),
                                       files))
                 emit(m.record(nbytes, kind="upload", server=name, format=fmt))
                 urls[fmt] = f"{scheme}://{BUCKET}/{STORE_NAMES[fmt]}"
@@ -228,7 +230,7 @@ def run(args) -> list[dict]:
                 emit(m.record(nbytes, kind="convert", server=name, format=fmt))
             if scheme == "s3":  # the volumes as one object each, for the peer
                 with ThreadPoolExecutor(8) as pool:
-                    list(pool.map(lambda f: fs.put_file(str(f), f"{BUCKET}/objects/{f.name}"),
+                    list(pool.map(lambda f, fs=fs: fs.put_file(str(f), f"{BUCKET}/objects/{f.name}"),
                                   sorted(src.glob("*.npy"))))
             for latency in args.latency_ms:
                 if latency:
@@ -357,7 +359,8 @@ def summary(records: list[dict]) -> str:
             at = dict(server=server, latency_ms=lat, method=method, workers=w)
             ours = dict(at, format="parquet", cache=False)
             lines.append(f"{server:8} {lat:3} {method:10} {w} | {med('s3torch_map', 'mb_per_s', **at):8.0f} "
-                         f"{med('s3torch_iterable', 'mb_per_s', **at):14.0f} {med('dataloader', 'mb_per_s', **ours):15.0f}"
+                         f"{med('s3torch_iterable', 'mb_per_s', **at):14.0f} "
+                         f"{med('dataloader', 'mb_per_s', **ours):15.0f}"
                          f" | {med('s3torch_map', 'cpu_s_per_gb', **at):10.2f} "
                          f"{med('s3torch_iterable', 'cpu_s_per_gb', **at):9.2f} "
                          f"{med('dataloader', 'cpu_s_per_gb', **ours):10.2f}")
@@ -377,7 +380,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--latency-ms", default="0,20", help="latency added to every request, per pass (default 0,20)")
     parser.add_argument("--methods", default="fork,forkserver,spawn", help="DataLoader start methods")
     parser.add_argument("--loader-workers", default="0,2,4",
-                        help="DataLoader worker processes (default 0,2,4; 0: trainfeed's threads in the training process)")
+                        help="DataLoader worker processes (default 0,2,4; 0: trainfeed's threads in the training "
+                             "process)")
     parser.add_argument("--loader-formats", default="parquet", help="formats read through DataLoader (default parquet)")
     args = parser.parse_args(argv)
     args.shape = tuple(int(x) for x in args.shape.split("x"))

@@ -81,8 +81,8 @@ def timed(cmd: list[str], poll_s: float = 0.1) -> tuple[float, float, str]:
 def commands(tool: str, src: Path, dst: Path, cores: str) -> list[str]:
     labels = str(src / "labels.csv")
     if tool == "spark-repack":
-        return [sys.executable, "-m", "trainfeed.pipelines.repack", "--src", str(src), "--dst", str(dst), "--to", "delta",
-                "--labels", labels, "--cores", cores, "--json"]
+        return [sys.executable, "-m", "trainfeed.pipelines.repack", "--src", str(src), "--dst", str(dst),
+                "--to", "delta", "--labels", labels, "--cores", cores, "--json"]
     return [sys.executable, "-m", "trainfeed.converters", str(src), str(dst), "--to", "delta", "--labels", labels,
             "--workers", cores, "--no-progress", "--json"]
 
@@ -125,10 +125,10 @@ def main(argv: list[str] | None = None) -> None:
                     seconds, cpu, stdout = timed(commands(tool, src, dst, cores))
                     shutil.rmtree(dst, ignore_errors=True)
                     summary = json.loads(stdout.strip().splitlines()[-1])
-                    rec = {"bench": "spark-repack", "tool": tool, "cores": int(cores), "repeat": rep, "files": len(files),
-                           "bytes": nbytes, "seconds": seconds, "cpu_s": cpu, "cpu_s_per_gb": cpu / nbytes * 1e9,
-                           "samples": summary["samples"], "spark_tasks": summary.get("partitions"),
-                           "load_1m": os.getloadavg()[0], "env": env}
+                    rec = {"bench": "spark-repack", "tool": tool, "cores": int(cores), "repeat": rep,
+                           "files": len(files), "bytes": nbytes, "seconds": seconds, "cpu_s": cpu,
+                           "cpu_s_per_gb": cpu / nbytes * 1e9, "samples": summary["samples"],
+                           "spark_tasks": summary.get("partitions"), "load_1m": os.getloadavg()[0], "env": env}
                     rows.append(rec)
                     out.write(json.dumps(rec) + "\n")
                     out.flush()

@@ -1,1 +1,2 @@
-"""The projection model behind the report: measured inputs, projections, verdicts, advice and remedies, instances and prices."""
+"""The projection model behind the report: measured inputs, projections, verdicts, advice and
+remedies, instances and prices."""

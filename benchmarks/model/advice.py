@@ -197,7 +197,8 @@ def gains(head: dict, plan: Plan) -> dict | None:
     better = next((r for r in blob if r["loader"] == plan.reader.name), None)
     best = min(compacted, key=lambda r: r["seconds"])
     return {"node": head["node"], "today": today["option"], "today_s": today["seconds"],
-            "repacked": best["option"], "repacked_s": best["seconds"], "repack_gain": today["seconds"] / best["seconds"],
+            "repacked": best["option"], "repacked_s": best["seconds"],
+            "repack_gain": today["seconds"] / best["seconds"],
             "better_loading": better["option"] if better and better is not today else None,
             "better_loading_gain": today["seconds"] / better["seconds"] if better and better is not today else None}
 

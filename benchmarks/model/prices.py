@@ -168,8 +168,10 @@ def table(instances: list[Instance], rates: list[DbuRate]) -> str:
     widths = [max(len(r[c]) for r in rows) for c in range(len(head) - 1)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)) + "  " + r[-1] for r in rows]
     lines += ["", "Databricks DBU rates (USD per DBU; an instance costs VM $/h + DBU/h x rate):"]
-    lines += [f"  {r.cloud} {r.plan} {r.workload}: {r.usd_per_dbu:g} $/DBU ({r.date}; {short_source(r.source)})" for r in rates]
-    lines += ["", "$ columns: USD per hour, Linux; spot prices move hourly. Refresh: storage-bench prices --refresh --out FILE",
+    lines += [f"  {r.cloud} {r.plan} {r.workload}: {r.usd_per_dbu:g} $/DBU ({r.date}; {short_source(r.source)})"
+              for r in rates]
+    lines += ["", "$ columns: USD per hour, Linux; spot prices move hourly. "
+                  "Refresh: storage-bench prices --refresh --out FILE",
               "source: where each price was read; the full text (how, which row, notes): storage-bench prices --json"]
     return "\n".join(lines)
 

@@ -35,7 +35,8 @@ class Accelerator:
 ACCELERATORS = {
     "t4": Accelerator("t4", 8.1, 65.0, 0.35, "NVIDIA T4 datasheet: 8.1 TFLOPS fp32, 65 fp16 tensor"),
     "v100": Accelerator("v100", 15.7, 125.0, 0.35, "NVIDIA V100 SXM2 datasheet: 15.7 TFLOPS fp32, 125 tensor"),
-    "a10g": Accelerator("a10g", 31.2, 125.0, 0.35, "NVIDIA A10 datasheet (A10G is AWS's A10): 31.2 fp32, 125 fp16 tensor"),
+    "a10g": Accelerator("a10g", 31.2, 125.0, 0.35,
+                        "NVIDIA A10 datasheet (A10G is AWS's A10): 31.2 fp32, 125 fp16 tensor"),
     "a100": Accelerator("a100", 156.0, 312.0, 0.35, "NVIDIA A100 datasheet: 156 TFLOPS TF32, 312 bf16 tensor"),
     "h100": Accelerator("h100", 494.0, 989.0, 0.35, "NVIDIA H100 SXM datasheet: 494 TFLOPS TF32, 989 bf16 tensor"),
 }

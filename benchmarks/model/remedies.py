@@ -54,7 +54,8 @@ def remedies(cells: list[dict], catalog: list[Instance], store: str, decoded: st
             threads = min(bigger.vcpus, max(need, loader.threads))
             bigger_row = row(_machine(bigger, cells, accelerators), bigger, threads=threads)
             bigger_row["workers"] = threads
-        decoded_row = next((r for r in projections.get(decoded, []) if r["machine"] == inst.name), None) if decoded else None
+        decoded_row = (next((r for r in projections.get(decoded, []) if r["machine"] == inst.name), None)
+                       if decoded else None)
         out.append({"today": today, "vcpus_needed": need, "bigger": bigger_row, "decoded": decoded_row,
                     "offload": _offload(inst, needs, layout, cells, catalog, accelerators, row)})
     return out
@@ -95,7 +96,8 @@ def _offload(inst: Instance, needs: Feed, layout, cells, catalog, accelerators, 
     if projected["usd_per_hour"] is not None:
         projected["usd_per_hour"] += hourly_cost(worker) * count
         projected["usd_per_job"] = projected["usd_per_hour"] * projected["seconds"] / 3600
-        projected["usd_per_1k_samples"] = projected["usd_per_job"] / projected["seconds"] / projected["samples_per_s"] * 1000
+        projected["usd_per_1k_samples"] = (projected["usd_per_job"] / projected["seconds"]
+                                           / projected["samples_per_s"] * 1000)
     projected.update(spot_usd_per_hour=None, spot_usd_per_job=None, workers=count, worker=worker.name,
                      worker_vcpus=vcpus)
     return projected

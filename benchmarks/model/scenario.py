@@ -99,7 +99,8 @@ def load_scenario(path: str | Path) -> Scenario:
         p = f"reference.{i}"
         ref = Reference(get.str(f"{p}.node"), get.str(f"{p}.store"), get.float(f"{p}.seconds"), get.str(f"{p}.source"))
         if ref.node not in names:
-            raise TrainfeedError(f"{path}: {p}.node {ref.node!r} is not one of the scenario's nodes ({', '.join(names)})")
+            raise TrainfeedError(f"{path}: {p}.node {ref.node!r} is not one of the scenario's nodes "
+                                 f"({', '.join(names)})")
         refs.append(ref)
     efficiency = get.float("model.efficiency", default=None)
     if efficiency is not None:

@@ -151,10 +151,11 @@ def _advice(cell: dict, proj: Projection) -> dict:
     if b == LATENCY:
         return {"bottleneck": "io-latency", "advice": f"storage latency: {layout.request_bytes / 1e3:,.0f} KB requests "
                 f"at {storage.first_byte_ms:.0f} ms first byte, {flight} in flight -> {limits[LATENCY]:,.0f} "
-                f"samples/s, the device takes {device:,.0f}; repack into files of ~128 MB (convert --to delta) or {more}"}
+                f"samples/s, the device takes {device:,.0f}; repack into files of ~128 MB (convert --to delta) "
+                f"or {more}"}
     return {"bottleneck": "bandwidth", "advice": f"bandwidth: {flight} streams of {storage.stream_mb_per_s:.0f} MB/s "
-            f"-> {limits[b]:,.0f} samples/s of {layout.bytes_per_sample / 1e3:,.0f} KB, the device takes {device:,.0f}; "
-            f"{more}, or store fewer bytes per sample (compression, smaller dtype)"}
+            f"-> {limits[b]:,.0f} samples/s of {layout.bytes_per_sample / 1e3:,.0f} KB, the device takes "
+            f"{device:,.0f}; {more}, or store fewer bytes per sample (compression, smaller dtype)"}
 
 
 def io_cpu_verdict(need: Feed, storage: ObjectStore, vcpus: int, rate: float) -> dict:

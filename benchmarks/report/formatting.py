@@ -9,7 +9,8 @@ from trainfeed.benchmarks.model.advice import significant
 
 def place(rec) -> str:
     st = rec["storage"]
-    return f"{st['backend']} storage, " + (f"emulated {st['profile']} latency" if st["profile"] else "no latency emulation")
+    return (f"{st['backend']} storage, "
+            + (f"emulated {st['profile']} latency" if st["profile"] else "no latency emulation"))
 
 
 def budget(rec) -> str:

@@ -29,11 +29,13 @@ def markdown(cells, spread, locations, stores, nodes, frameworks, advice, notes,
     plan = advice["plan"]
     same_storage = len({_storage_key(c) for c in cells.values()}) == 1
     lines = ["# Storage A/B report", "",
-             f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · machine: {env['cores']} vCPUs, {env['ram_gb']} GB RAM, "
-             f"GPU: {env['gpu'] or 'none'} · samples {'x'.join(map(str, any_cell['sample_shape']))} "
+             f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · machine: {env['cores']} vCPUs, "
+             f"{env['ram_gb']} GB RAM, GPU: {env['gpu'] or 'none'} · samples "
+             f"{'x'.join(map(str, any_cell['sample_shape']))} "
              f"({any_cell['sample_bytes'] / 1e3:.0f} KB) · batch {any_cell['batch_size']} · model ResNet-18 width "
              f"{any_cell['width']} · every store read from: "
-             + (f"{place(any_cell)}; {budget(any_cell)}" if same_storage else "different storage or budgets (see each cell)"),
+             + (f"{place(any_cell)}; {budget(any_cell)}" if same_storage
+                else "different storage or budgets (see each cell)"),
              ""]
     contended = [c for c in cells.values() if any("contention" in n for n in c.get("checks", []))]
     lines += _answer(advice, cells, locations, contended)
@@ -116,7 +118,8 @@ def _answer(advice, cells, locations, contended) -> list[str]:
         spot = f"; spot {fmt_usd(ch['spot_usd_per_job'])}" if ch.get("spot_usd_per_job") else ""
         lines.append(f"**Use {ch['option']} on {ch['cloud']} {ch['machine']}**: {fmt_time(ch['seconds'])} and "
                      f"{fmt_usd(ch['usd_per_job'])} per job on demand ({fmt_usd(ch['usd_per_hour'])}/h{spot}) for "
-                     f"{w.samples:,} samples x {w.epochs} epoch{'s' if w.epochs != 1 else ''}, the cheapest of the catalog.")
+                     f"{w.samples:,} samples x {w.epochs} epoch{'s' if w.epochs != 1 else ''}, "
+                     "the cheapest of the catalog.")
         lines.append("")
         row = ch
         lines.append(f"- **What binds**: {ch['bottleneck']}: {_binds(ch['bottleneck'], advice)}.")
@@ -131,7 +134,8 @@ def _answer(advice, cells, locations, contended) -> list[str]:
         if row is None:
             return lines + ["Nothing could be projected: see the failures below.", ""]
         lines.append(f"**Use {row['option']}**: {fmt_time(row['seconds'])} per job on {row['machine']} for "
-                     f"{w.samples:,} samples x {w.epochs} epoch{'s' if w.epochs != 1 else ''} (no priced instance in the catalog, so no cost).")
+                     f"{w.samples:,} samples x {w.epochs} epoch{'s' if w.epochs != 1 else ''} "
+                     "(no priced instance in the catalog, so no cost).")
         lines.append("")
         lines.append(f"- **What binds**: {row['bottleneck']}: {_binds(row['bottleneck'], advice)}.")
     for g in filter(None, advice["gains"]):
@@ -165,7 +169,8 @@ def _reference_section(advice) -> list[str]:
     ref, sc = advice["reference"], advice["plan"].scenario
     lines = [f"## Reference case: {sc.name}", "",
              f"Scenario `{sc.path}`. Published times beside this run's projections for the same workload "
-             f"({sc.workload.total:,} samples, batch {sc.batch_size}); the model is the one every table below uses.", "",
+             f"({sc.workload.total:,} samples, batch {sc.batch_size}); "
+             "the model is the one every table below uses.", "",
              "| node | store, loader | projected | published | deviation | bottleneck | $/h | $ projected | "
              "$ at the published time |", "|---|---|---|---|---|---|---|---|---|"]
     for r in ref["rows"]:
@@ -182,7 +187,8 @@ def _reference_section(advice) -> list[str]:
     for x in ref["cross_checks"]:
         what = "CPU-seconds per step" if x["device"] == "cpu" else "seconds per step"
         lines.append(f"- **{x['node']}**: its compacted run is compute-bound, so its published time implies the "
-                     f"device: {fmt_num(x['implied_step_s'], 3)} {what} where this projection used {fmt_num(x['step_s'], 3)} "
+                     f"device: {fmt_num(x['implied_step_s'], 3)} {what} where this projection used "
+                     f"{fmt_num(x['step_s'], 3)} "
                      f"({x['device']}, {x['device_how']}), {fmt_ratio(x['slower'])} slower. With that device the small "
                      f"files project to {fmt_time(x['blob_projected_s'])} against {fmt_time(x['blob_reference_s'])} "
                      f"published ({_deviation(x['blob_deviation'])}): the storage and loader side of the model holds; "
@@ -209,7 +215,8 @@ def _headline(advice) -> list[str]:
             r = rows.get(o)
             text = f"{fmt_time(r['seconds'])} ({fmt_rate(r['samples_per_s'])}/s, {r['bottleneck']})" if r else "-"
             cells.append(f"**{text}**" if r and r.get("fastest") else text)
-        label = f"{h['node']} ({h['instance']})" if h.get("instance") else h["rows"][0]["machine"] if h["rows"] else h["node"]
+        label = (f"{h['node']} ({h['instance']})" if h.get("instance")
+                 else h["rows"][0]["machine"] if h["rows"] else h["node"])
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines.append("")
     same = _same_gpu_rows(advice)
@@ -434,20 +441,21 @@ def _remedies_section(advice) -> list[str]:
     lines = ["## The preprocessing bottleneck: remedies", "",
              "Where the instance's vCPUs cannot keep its GPUs busy (decoding encoded images, or the storage client's "
              "I/O CPU): the vCPUs this pipeline needs at the GPUs' rate (I/O, decode and the framework), and three "
-             "remedies projected with the same model — an instance "
-             "with enough vCPUs per GPU and reader threads (`--workers`) to use them, storing decoded pixels (more bytes, no "
+             "remedies projected with the same model — an instance with enough "
+             "vCPUs per GPU and reader threads (`--workers`) to use them, storing decoded pixels (more bytes, no "
              "decode), and offloading reading and preprocessing to CPU instances running tf.data service workers "
              "(`train --data-service`; TensorFlow's decode costs ~2.7x Pillow's CPU per image, `make "
              "bench-decode`). Times and $ per job (on demand).", ""]
     for store, rows in advice["remedies"].items():
-        lines += [f"**{store}**", "", "| instance | today | vCPUs / needed | larger CPU:GPU instance | decoded pixels | "
-                  "offload to CPU workers |", "|---|---|---|---|---|---|"]
+        lines += [f"**{store}**", "", "| instance | today | vCPUs / needed | larger CPU:GPU instance | "
+                  "decoded pixels | offload to CPU workers |", "|---|---|---|---|---|---|"]
         for fix in rows:
             t = fix["today"]
             lines.append(f"| {t['cloud']} {t['machine']} | {_when(t)} | {t['vcpus']} / {fix['vcpus_needed']} | "
                          + (f"{fix['bigger']['machine']} --workers {fix['bigger']['workers']}: {_when(fix['bigger'])}"
                             if fix["bigger"] else "none in the catalog")
-                         + " | " + (_when(fix["decoded"]) if fix["decoded"] else "not measured (--image-storage decoded)")
+                         + " | " + (_when(fix["decoded"]) if fix["decoded"]
+                                    else "not measured (--image-storage decoded)")
                          + " | " + (f"{fix['offload']['workers']} x {fix['offload']['worker']}: {_when(fix['offload'])}"
                                     if fix["offload"] else "no CPU instance priced")
                          + " |")
@@ -471,7 +479,8 @@ def _method(advice, notes) -> list[str]:
     plan = advice["plan"]
     storage = plan.storage
     lines = ["## How the projections were made", "",
-             "- One model for every table (trainfeed.benchmarks.model.projection): each resource sustains a rate of its own — "
+             "- One model for every table (trainfeed.benchmarks.model.projection): each resource sustains a rate "
+             "of its own — "
              "the device (GPUs x batch / step time; on a CPU node the step's CPU-seconds over the vCPUs, shared with "
              "the reader), the reader's CPU (CPU-seconds per sample measured here as process CPU time, over "
              "min(reader threads, vCPUs)), the storage (requests in flight x bytes per request / request time), the "
@@ -579,9 +588,9 @@ def _effects(cells, locations, same_storage: bool) -> list[str]:
             lines.append(f"- **Location effect** ({loc['store']}): not measured reliably: {doubt}. Left out of the "
                          "answer.")
             continue
-        lines.append(f"- **Location effect** (the same {loc['store']} store, both read with {budget(loc)}): ingest-only "
-                     f"from local disk as it is {local:,.0f} samples/s, from {place(loc)}: {remote:,.0f} samples/s: "
-                     f"**{fmt_num(local / remote, 2)}x** faster on local disk.")
+        lines.append(f"- **Location effect** (the same {loc['store']} store, both read with {budget(loc)}): "
+                     f"ingest-only from local disk as it is {local:,.0f} samples/s, from {place(loc)}: "
+                     f"{remote:,.0f} samples/s: **{fmt_num(local / remote, 2)}x** faster on local disk.")
     if not locations:
         lines.append("- **Location effect**: not measured (the cells read local disk as it is, with no latency "
                      "emulation; or its measurement failed: see the failures below).")

@@ -1,1 +1,2 @@
-"""Where samples come from: listing a small-file dataset (local or any fsspec URL), decoding its files, and their labels."""
+"""Where samples come from: listing a small-file dataset (local or any fsspec URL), decoding its
+files, and their labels."""

@@ -65,7 +65,8 @@ def dtype_problem(dtype: np.dtype) -> str | None:
         return "holds a pickled object array, which is not loaded for safety"
     if dtype.name in SUPPORTED_DTYPES:
         return None
-    what = "records (a structured dtype)" if dtype.names else _DTYPE_KINDS.get(dtype.kind, "numbers no store holds exactly")
+    what = ("records (a structured dtype)" if dtype.names
+            else _DTYPE_KINDS.get(dtype.kind, "numbers no store holds exactly"))
     return f"dtype {dtype} ({what}) is not supported (supported: {', '.join(SUPPORTED_DTYPES)})"
 
 

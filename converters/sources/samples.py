@@ -19,7 +19,8 @@ from trainfeed.converters.sources.labels import Labels
 from trainfeed.converters.sources.listing import IMAGE, SourceFile, check_listed
 
 
-def load_sample(fs: fsspec.AbstractFileSystem, kind: str, src: SourceFile, labels: Labels, image_opts: ImageOptions) -> Sample:
+def load_sample(fs: fsspec.AbstractFileSystem, kind: str, src: SourceFile, labels: Labels,
+                image_opts: ImageOptions) -> Sample:
     check_listed(src)
     if labels.by_id is not None and src.id not in labels.by_id:
         raise SampleError(src.path, f"no label for id {src.id!r} in the labels file")
@@ -92,7 +93,9 @@ class SchemaGuard:
             raise SampleError(path, f"arrays {names} differ from {expected} of the first sample {self.first_id!r}")
         for got, want in zip(specs, self.specs):
             if got.dtype != want.dtype:
-                raise SampleError(path, f"{got.name!r} has dtype {got.dtype}, but the first sample {self.first_id!r} has {want.dtype}")
+                raise SampleError(path, f"{got.name!r} has dtype {got.dtype}, but the first sample {self.first_id!r} "
+                                        f"has {want.dtype}")
             if got.shape != want.shape:
                 hint = "; use --resize HxW to store images of different sizes" if self.kind == IMAGE else ""
-                raise SampleError(path, f"{got.name!r} has shape {got.shape}, but the first sample {self.first_id!r} has {want.shape}{hint}")
+                raise SampleError(path, f"{got.name!r} has shape {got.shape}, but the first sample {self.first_id!r} "
+                                        f"has {want.shape}{hint}")

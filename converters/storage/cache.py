@@ -9,9 +9,9 @@ touches a file it did not write.
   a digest of the key); a file of the wrong size, a bad footer, a checksum mismatch or another
   key's range is deleted and reported as a miss, so the range is fetched again.
 - **Owns its folder**: a folder is used only if the cache created it or it is empty (it is then
-  marked with ``.trainfeed-cache``); one holding any name the cache would not give is refused (``ForeignCacheFolder``) before anything
-  is read. Eviction and sweeping delete only files named as the cache names them, and a
-  range file only if its footer is the cache's.
+  marked with ``.trainfeed-cache``); one holding any name the cache would not give is refused
+  (``ForeignCacheFolder``) before anything is read. Eviction and sweeping delete only files named
+  as the cache names them, and a range file only if its footer is the cache's.
 - **Shared by processes**: a range is written to a temporary name (``.<name>.<pid>.<n>.tmp``) and
   renamed into place (readers see all of it or nothing); the bytes in use, temporary files
   included, are counted in ``.usage`` under an exclusive lock on ``.lock``, and whoever pushes

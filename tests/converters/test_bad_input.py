@@ -149,7 +149,8 @@ def test_images_of_different_sizes_need_resize_when_decoded(tmp_path, convert_cl
     (tmp_path / "other" / "a" / "img000.jpg").rename(src / "a" / "odd.jpg")
     res = convert_cli(src, tmp_path / "o.h5", "--to", "hdf5", "--image-storage", "decoded")
     assert res.exit_code == 1 and "odd.jpg" in res.stderr and "--resize" in res.stderr
-    res = convert_cli(src, tmp_path / "o.h5", "--to", "hdf5", "--image-storage", "decoded", "--resize", "20x30", "--verify")
+    res = convert_cli(src, tmp_path / "o.h5", "--to", "hdf5", "--image-storage", "decoded", "--resize", "20x30",
+                      "--verify")
     assert res.exit_code == 0, res.stderr
 
 
@@ -158,7 +159,8 @@ def test_empty_source_folder(tmp_path, convert_cli):
     (tmp_path / "empty" / "README.txt").write_text("no samples here")
     res = convert_cli(tmp_path / "empty", tmp_path / "o.parquet", "--to", "parquet")
     assert res.exit_code == 1
-    assert "empty" in res.stderr and "no .npy, .npz, .jpg, .jpeg or .png files found (1 other files ignored)" in res.stderr
+    assert ("empty" in res.stderr
+            and "no .npy, .npz, .jpg, .jpeg or .png files found (1 other files ignored)" in res.stderr)
     assert leftovers(tmp_path, "o.parquet") == []
 
 

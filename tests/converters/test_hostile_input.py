@@ -81,7 +81,8 @@ HOSTILE_NPY = {
     "negative dimension": (npy_with_header((6, -5, 4, 3)), "header shape (6, -5, 4, 3) has a negative dimension"),
     "complex64": (npy_of(np.zeros(3, np.complex64)), "dtype complex64 (complex numbers) is not supported"),
     "complex128": (npy_of(np.zeros(3, np.complex128)), "dtype complex128 (complex numbers) is not supported"),
-    "structured": (npy_of(np.zeros(3, [("a", "<i4"), ("b", "<f4")])), "(records (a structured dtype)) is not supported"),
+    "structured": (npy_of(np.zeros(3, [("a", "<i4"), ("b", "<f4")])),
+                   "(records (a structured dtype)) is not supported"),
     "object": (npy_of(np.array([{"a": 1}], dtype=object)), "holds a pickled object array"),
     "datetime": (npy_of(np.zeros(3, "datetime64[s]")), "dtype datetime64[s] (dates and times) is not supported"),
     "timedelta": (npy_of(np.zeros(3, "timedelta64[ms]")), "dtype timedelta64[ms] (time spans) is not supported"),
@@ -282,7 +283,8 @@ def test_16bit_png_decoded_keeps_every_bit(tmp_path, convert_cli, fmt):
     dst = tmp_path / store_name(fmt)
     res = convert_cli(src, dst, "--to", fmt, "--image-storage", "decoded", "--image-mode", "L", "--verify", "--json")
     assert res.exit_code == 0, res.stderr
-    assert json.loads(res.stdout)["fields"] == [{"name": "image", "dtype": "uint16", "shape": [9, 7], "encoding": "raw"}]
+    assert json.loads(res.stdout)["fields"] == [{"name": "image", "dtype": "uint16", "shape": [9, 7],
+                                                 "encoding": "raw"}]
     got = {sid: f["image"] for sid, _, f in FORMATS[fmt].read_samples(dst)}
     assert set(got) == set(truth)
     for sid, pixels in truth.items():
@@ -400,7 +402,8 @@ def test_npy_headers_parse_safely_from_many_threads():
         sys.setswitchinterval(1e-6); gc.set_threshold(5); gc.callbacks.append(lambda *a: time.sleep(0))
         def parse(_):
             for _ in range(1000):
-                assert np.array_equal(decode_npy("x.npy", data)["volume"], np.arange(900, dtype=np.float32).reshape(30, 30))
+                assert np.array_equal(decode_npy("x.npy", data)["volume"],
+                                      np.arange(900, dtype=np.float32).reshape(30, 30))
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(parse, range(8)))
     """)

@@ -88,7 +88,8 @@ def test_a_scheme_with_one_slash_is_an_error_not_a_local_folder(s3_server, bucke
 def test_a_bad_bucket_name_is_an_error_not_a_panic(s3_server, bucket, tmp_path, url):
     src = tmp_path / "src"
     source(src, 8)
-    for args in ([src, url.format(b=bucket), "--to", "parquet", *labels(src)], [url.format(b=bucket), tmp_path / "o", "--to", "parquet"]):
+    for args in ([src, url.format(b=bucket), "--to", "parquet", *labels(src)],
+                 [url.format(b=bucket), tmp_path / "o", "--to", "parquet"]):
         done = cli("trainfeed.converters", *args, *options_cli(s3_server.storage_options), "--no-progress",
                    cwd=tmp_path)
         assert done.returncode == 2, done.stderr

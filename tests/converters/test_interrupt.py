@@ -66,7 +66,8 @@ def test_killed_new_store_is_never_visible(tmp_path, big_source, fmt, name, sig)
         assert len(lines) == 1 and "nothing was published" in lines[0], lines
         assert [p.name for p in tmp_path.iterdir()] == []
     # The next run cleans up whatever a SIGKILL left, and completes.
-    done = subprocess.run([sys.executable, "-m", "trainfeed.converters", str(src), str(dst), "--to", fmt, "--no-progress"],
+    done = subprocess.run([sys.executable, "-m", "trainfeed.converters", str(src), str(dst), "--to", fmt,
+                           "--no-progress"],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert [p.name for p in tmp_path.iterdir()] == [name]
@@ -80,7 +81,8 @@ def test_killed_overwrite_keeps_the_old_store(tmp_path, big_source, fmt, name):
     small = tmp_path / "small"
     small_truth = write_volumes(small, 5, shape=(30, 30, 10, 10), seed=9, labels_csv=False)
     dst = tmp_path / name
-    first = subprocess.run([sys.executable, "-m", "trainfeed.converters", str(small), str(dst), "--to", fmt, "--no-progress"],
+    first = subprocess.run([sys.executable, "-m", "trainfeed.converters", str(small), str(dst), "--to", fmt,
+                            "--no-progress"],
                            capture_output=True, text=True)
     assert first.returncode == 0, first.stderr
     proc = start_convert(src, dst, fmt, "--overwrite")

@@ -311,7 +311,8 @@ def test_append_keeps_class_numbers_and_numbers_new_classes_after_them(tmp_path,
 def test_append_refuses_labels_of_another_kind(tmp_path, convert_cli, table_args, append_args, message):
     src = tmp_path / "vols"
     write_volumes(src, 4)
-    (src / "classes.csv").write_text("id,label\n" + "".join(f"v{i:03d},{'cat' if i % 2 else 'dog'}\n" for i in range(4)))
+    (src / "classes.csv").write_text("id,label\n"
+                                     + "".join(f"v{i:03d},{'cat' if i % 2 else 'dog'}\n" for i in range(4)))
     more = tmp_path / "more"
     write_volumes(more, 4, seed=3)
     rename_ids(more, "m_")
@@ -428,7 +429,8 @@ def tmpfs(tmp_path):
         path = tmp_path / name
         path.mkdir()
         try:
-            res = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
+            res = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+                                 capture_output=True, text=True)
         except FileNotFoundError:
             pytest.skip("no mount command to create a small filesystem")
         if res.returncode:
@@ -465,15 +467,18 @@ def test_full_disk_is_a_clear_error_and_leaves_nothing(tmp_path, tmpfs, fmt, nam
 
 
 @pytest.mark.parametrize("fmt,args,message", [
-    ("parquet", ["--compression", "zstd", "--compression-level", "23"], "--compression-level 23: zstd levels for parquet are 1 to 22"),
-    ("delta", ["--compression", "zstd", "--compression-level", "0"], "--compression-level 0: zstd levels for delta are 1 to 22"),
+    ("parquet", ["--compression", "zstd", "--compression-level", "23"],
+     "--compression-level 23: zstd levels for parquet are 1 to 22"),
+    ("delta", ["--compression", "zstd", "--compression-level", "0"],
+     "--compression-level 0: zstd levels for delta are 1 to 22"),
     ("parquet", ["--compression", "gzip", "--compression-level", "10"], "gzip levels for parquet are 1 to 9"),
     ("parquet", ["--compression", "brotli", "--compression-level", "12"], "brotli levels for parquet are 0 to 11"),
     ("hdf5", ["--compression", "gzip", "--compression-level", "10"], "gzip levels for hdf5 are 0 to 9"),
     ("parquet", ["--compression-level", "3"], "--compression none takes no level"),
     ("delta", ["--compression", "snappy", "--compression-level", "3"], "--compression snappy takes no level"),
     ("parquet", ["--compression", "lz4", "--compression-level", "3"], "--compression lz4 takes no level"),
-    ("hdf5", ["--compression", "lzf", "--compression-level", "3"], "--compression lzf takes no level (levels for hdf5: gzip 0-9)"),
+    ("hdf5", ["--compression", "lzf", "--compression-level", "3"],
+     "--compression lzf takes no level (levels for hdf5: gzip 0-9)"),
     ("delta", ["--vacuum-hours", "-1"], "--vacuum-hours must be 0 or more, not -1"),
 ])
 def test_usage_errors_exit_2_without_traceback(tmp_path, volumes, convert_cli, fmt, args, message):

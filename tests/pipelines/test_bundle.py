@@ -63,7 +63,8 @@ def merged(target: str) -> dict:
         doc[key] = _merge(doc[key], over[key]) if key in doc else over[key]
     for name, value in over.get("variables", {}).items():
         assert name in doc["variables"], f"target {target} sets undeclared variable {name}"
-        doc["variables"][name] = _merge(doc["variables"][name], value if isinstance(value, dict) else {"default": value})
+        doc["variables"][name] = _merge(doc["variables"][name],
+                                        value if isinstance(value, dict) else {"default": value})
     return doc
 
 
@@ -213,7 +214,8 @@ def test_the_training_job_refuses_a_node_local_out_on_databricks(tmp_path, monke
 
     monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "15.4")
     with pytest.raises(SystemExit) as failed:
-        train.main(["--data", str(tmp_path), "--out", "/local_disk0/train", "--processes", "2", "--local-mode", "false"])
+        train.main(["--data", str(tmp_path), "--out", "/local_disk0/train", "--processes", "2",
+                    "--local-mode", "false"])
     assert failed.value.code == 2 and "every node sees" in capsys.readouterr().err
 
 

@@ -19,7 +19,8 @@ def params(job: str, task: str, variables: dict) -> list[str]:
     doc = bundle()
     values = {k: v.get("default") for k, v in doc["variables"].items()} | variables
     t = next(t for t in jobs()[job]["tasks"] if t["task_key"] == task)
-    return [re.sub(r"\$\{var\.(\w+)\}", lambda m: str(values[m.group(1)]), p) for p in t["python_wheel_task"]["parameters"]]
+    return [re.sub(r"\$\{var\.(\w+)\}", lambda m: str(values[m.group(1)]), p)
+            for p in t["python_wheel_task"]["parameters"]]
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,8 @@ def delta_spark_stand_in(spark, df, target, options: dict[str, str], overwrite: 
             actions.append(AddAction(part.name, described.size, {}, described.written_ms, True,
                                      json.dumps({"numRecords": described.rows})))
     create_table_with_add_actions(str(path), Schema.from_json(df.schema.json()), actions, mode="error",
-                                  commit_properties=CommitProperties(custom_metadata={"userMetadata": options["userMetadata"]}))
+                                  commit_properties=CommitProperties(
+                                      custom_metadata={"userMetadata": options["userMetadata"]}))
 
 
 def schema_metadata(table_path: Path) -> dict[str, dict]:
@@ -55,8 +56,8 @@ def test_the_databricks_delta_branch_writes_a_table_trainfeed_reads(tmp_path, sp
     monkeypatch.setattr(repack, "on_databricks", lambda: True)
     monkeypatch.setattr(repack, "_write_delta_spark", delta_spark_stand_in)
     dst = tmp_path / "spark.delta"
-    args = repack.parse_args(["--src", str(src), "--dst", str(dst), "--to", "delta", "--labels", str(src / "labels.csv"),
-                              "--target-file-size", "64KB", "--optimize"])
+    args = repack.parse_args(["--src", str(src), "--dst", str(dst), "--to", "delta",
+                              "--labels", str(src / "labels.csv"), "--target-file-size", "64KB", "--optimize"])
     summary = repack.repack(args, spark)
     assert summary["samples"] == 30 and summary["rejected"] == 0
 
@@ -104,7 +105,8 @@ def test_rejects_are_reported_and_the_rest_is_written_bit_for_bit(tmp_path, spar
     src = tmp_path / "raw"
     good = broken_source(src)
     common = ["--src", str(src), "--to", to, "--labels", str(src / "labels.csv"), "--target-file-size", "32KB"]
-    with pytest.raises(Exception, match=r"v006.npy: no label for id 'v006' in .*labels.csv \(files without a label: 1 of 20; nothing"):
+    with pytest.raises(Exception, match=r"v006.npy: no label for id 'v006' in .*labels.csv "
+                                        r"\(files without a label: 1 of 20; nothing"):
         repack.repack(repack.parse_args(common + ["--dst", str(tmp_path / "failed")]), spark)
     summary = repack.repack(repack.parse_args(common + ["--dst", str(tmp_path / "out"), "--on-error", "skip"]), spark)
     assert (summary["samples"], summary["rejected"]) == (16, 4)

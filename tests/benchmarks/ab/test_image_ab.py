@@ -136,7 +136,8 @@ ROWS = [
        "pixels (12.3x the bytes) or add CPUs"),
     ("reading costs most", cell(compute=100_000, cpu_ms=4.1, real=975, workers=4, cores=8,
                                 stages=stages(read=0.003, decode=0.001, augment=0.0001)), "decode",
-     "read-bound: 3.000 ms CPU per image to read and parse its bytes " + COSTS.format("3.000 ms", "1.000 ms", "0.100 ms")
+     "read-bound: 3.000 ms CPU per image to read and parse its bytes "
+     + COSTS.format("3.000 ms", "1.000 ms", "0.100 ms")
      + "; the reader delivers 976 images/s, the device takes 100,000 and needs ~410 vCPUs at this rate; repack into "
        "files of ~128 MB (fewer, larger reads) or add CPUs"),
     ("an image cell that keeps up is compute-bound", cell(compute=1000, cpu_ms=0.5, real=950,

@@ -152,8 +152,8 @@ def test_matrix_on_azurite_reads_every_store_from_azurite(ab_run, tiny_dataset):
     md = (out / "report.md").read_text()
     assert md.index("## Training time") < md.index("## Layout effect") < md.index("## Why: each cell") \
         < md.index("## What it costs")
-    assert "every store read from: azurite storage, emulated azure-blob latency; 2 reader workers, 4 requests in flight" \
-        in md and "mixes location and layout" not in md
+    assert ("every store read from: azurite storage, emulated azure-blob latency; 2 reader workers, "
+            "4 requests in flight") in md and "mixes location and layout" not in md
     assert "h100 (estimate) on this machine (" in md and "no on-demand price; time projected, cost not" in md
     assert info["cells"] == 12 and info["errors"] == 0
     # the report and the CSV say what the records say, cell by cell
@@ -174,8 +174,8 @@ def test_report_renders_in_headless_chromium(ab_run, tmp_path):
         pytest.skip("chromium is not installed (.ci/run installs it from Debian's packages)")
     out, _, _ = ab_run
     flags = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
-             "--enable-logging=stderr", "--v=0"]
+             "--disable-component-update", "--disable-sync", "--no-first-run",
+             f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0"]
     url = (out / "report.html").resolve().as_uri()
     dom = subprocess.run(flags + ["--dump-dom", url], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
@@ -240,7 +240,8 @@ def test_catalog_row_problems(tmp_path):
     from trainfeed.benchmarks.model.catalog import load_catalog
     from trainfeed.converters.errors import TrainfeedError
 
-    header = "cloud,region,instance,vcpus,ram_gib,gpus,gpu_model,gpu_mem_gib,on_demand_usd_per_h,spot_usd_per_h,price_date,source\n"
+    header = ("cloud,region,instance,vcpus,ram_gib,gpus,gpu_model,gpu_mem_gib,on_demand_usd_per_h,spot_usd_per_h,"
+              "price_date,source\n")
     path = tmp_path / "c.csv"
     path.write_text(header + "aws,,p3.2xlarge,8,61,1,NVIDIA V100,16,,,,\n")
     instances, notes = load_catalog(path)

@@ -36,7 +36,8 @@ def test_every_shipped_row_has_a_date_and_a_source():
 def test_loader_errors_name_file_line_and_column(tmp_path):
     path = tmp_path / "c.csv"
     path.write_text(HEADER + GOOD + GOOD.replace("0.6135", "cheap"))
-    with pytest.raises(TrainfeedError, match=f"^{path}, line 3: column 'spot_usd_per_h' must be a number, got 'cheap'$"):
+    with pytest.raises(TrainfeedError,
+                       match=f"^{path}, line 3: column 'spot_usd_per_h' must be a number, got 'cheap'$"):
         load_catalog(path)
     path.write_text(HEADER + GOOD.replace(",10,", ",-1,"))
     with pytest.raises(TrainfeedError, match="line 2: column 'network_gbps' must not be negative"):

@@ -191,7 +191,8 @@ def test_table_and_json_of_the_shipped_catalog():
     res = bench_cli("prices")
     assert res.exit_code == 0, res.stderr
     header = res.stdout.splitlines()[0].split()
-    assert header[:3] == ["cloud", "region", "instance"] and "$/h" in header and header[-3:] == ["price", "date", "source"]
+    assert (header[:3] == ["cloud", "region", "instance"] and "$/h" in header
+            and header[-3:] == ["price", "date", "source"])
     g5 = next(line for line in res.stdout.splitlines() if " g5.xlarge " in line)
     assert "1.006" in g5 and "0.3948" in g5 and "skypilot-catalog" in g5
     doc = json.loads(bench_cli("prices", "--json").stdout)

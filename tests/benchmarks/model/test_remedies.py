@@ -34,7 +34,8 @@ CATALOG = [inst("g-small", 4, 1, 1.0), inst("g-mid", 8, 1, 1.5), inst("g-big", 1
 
 
 def advice():
-    return build_advice(CELLS, CATALOG, {}, plan_for(CELLS, Workload(96_000, 1)), ["parquet-encoded", "parquet-decoded"])
+    return build_advice(CELLS, CATALOG, {}, plan_for(CELLS, Workload(96_000, 1)),
+                        ["parquet-encoded", "parquet-decoded"])
 
 
 def test_remedies_for_a_decode_bound_gpu_instance():
@@ -75,8 +76,8 @@ def test_the_report_shows_the_vcpus_needed_and_the_remedies(tmp_path):
     report.build(str(tmp_path), target_samples=96_000, target_epochs=1, catalog=csv)
     md = (tmp_path / "report.md").read_text()
     assert "## The preprocessing bottleneck: remedies" in md
-    assert ("| aws g-small | 10 min, $0.17 (decode) | 4 / 8 | g-mid --workers 8: 5 min, $0.12 (compute) | 5 min, $0.083 (compute) | "
-            "6 x cpu-w: 5 min, $0.18 (compute) |") in md
+    assert ("| aws g-small | 10 min, $0.17 (decode) | 4 / 8 | g-mid --workers 8: 5 min, $0.12 (compute) | "
+            "5 min, $0.083 (compute) | 6 x cpu-w: 5 min, $0.18 (compute) |") in md
     assert "| fastest; cheapest; best per $ on t4 | parquet-decoded | aws g-small | 4 | 1 t4 | 320 | 5 min |" in md
     page = (tmp_path / "report.html").read_text()  # the whole catalog, folded; a tie for fastest: the first
     assert "<strong>aws g-small</strong> (fastest, cheapest)</td>\n<td>4 (needs 8)</td>\n<td>1 t4</td>" in page

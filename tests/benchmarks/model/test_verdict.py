@@ -144,6 +144,6 @@ def test_a_step_at_the_profiles_floor_does_not_advise_a_faster_gpu():
                flops_per_step=1e6, accelerator=h100)
     v = verdict(rec)
     assert v["bottleneck"] == "compute"
-    assert v["advice"].startswith(f"compute-bound at the h100 profile's per-step floor ({h100['step_floor_s'] * 1e3:,.0f} "
-                                  "ms a step, an estimate")
+    assert v["advice"].startswith("compute-bound at the h100 profile's per-step floor "
+                                  f"({h100['step_floor_s'] * 1e3:,.0f} ms a step, an estimate")
     assert "A faster GPU would not shorten the step here" in v["advice"] and "A faster device" not in v["advice"]

@@ -74,7 +74,8 @@ def test_report_of_recorded_cells(tmp_path):
     page = (tmp_path / "report.html").read_text()
     tables = Tables(page).tables
     assert tables[0][0] == ["node", "blob, trainfeed", "parquet", "hdf5", "zarr"]
-    assert [row[0] for row in tables[0][1:]] == ["cpu: this machine (4 vCPUs)", "t4 (estimate) on this machine (4 vCPUs)"]
+    assert [row[0] for row in tables[0][1:]] == ["cpu: this machine (4 vCPUs)",
+                                                 "t4 (estimate) on this machine (4 vCPUs)"]
     assert tables[0][2][4] == "-"  # zarr x t4 failed: not projected onto t4
     # the failure is shown as text; the escaped pipe stays inside its cell
     assert tables[-1][1:] == [["zarr", "t4", "torch", "0", "cell", "reader <script>alert(1)</script> failed | twice"]]
@@ -123,8 +124,8 @@ def test_layout_and_location_effects(tmp_path):
     assert ("| t4 (estimate) on this machine (4 vCPUs) | 15 min (399/s, io-latency) | **6 min (1,000/s, compute)** | "
             "6 min (1,000/s, compute) |") in md
     assert (f"- **Layout effect** (compacted vs small files, both on {place}, both read with {budget}): ingest-only, "
-            "the best compacted store (delta) 500 samples/s, the small files 50 samples/s: **10x**. Per node, projected: "
-            "the gains under the headline.") in md
+            "the best compacted store (delta) 500 samples/s, the small files 50 samples/s: **10x**. "
+            "Per node, projected: the gains under the headline.") in md
     assert (f"- **Location effect** (the same delta store, both read with {budget}): ingest-only from local disk "
             f"as it is 2,000 samples/s, from {place}: 500 samples/s: **4x** faster on local disk.") in md
     assert md.index("## Training time") < md.index("## Layout effect and location effect") < md.index("## Why")

@@ -37,7 +37,8 @@ def test_the_first_screen_is_the_answer(tmp_path):
     rec = info["recommendation"]["cheapest"]
     assert "## What to do" in head and len(head.splitlines()) <= 16
     assert (f"**Use {rec['option']} on {rec['cloud']} {rec['machine']}**: " in head
-            and " per job on demand (" in head and "for 360,000 samples x 2 epochs, the cheapest of the catalog." in head)
+            and " per job on demand (" in head
+            and "for 360,000 samples x 2 epochs, the cheapest of the catalog." in head)
     assert re.search(r"^- \*\*What binds\*\*: [a-z-]+: .+ sets the pace", head, re.M), head
     assert "- **Repacking** on t4: parquet is " in head
     assert re.search(r"^- \*\*How sure\*\*: (high|medium|low): ", head, re.M)
@@ -210,7 +211,8 @@ def test_catalog_notes_are_one_line_per_problem():
              "instances.csv, line 7 (aws p3.2xlarge): spot price older than a year",
              "dbu_rates.csv: no rate for gcp"]
     assert _grouped_notes(notes) == [
-        "no on-demand price; time projected, cost not: aws g4dn.4xlarge, gcp g2-standard-8 (instances.csv, lines 21, 60)",
+        "no on-demand price; time projected, cost not: aws g4dn.4xlarge, gcp g2-standard-8 "
+        "(instances.csv, lines 21, 60)",
         "instances.csv, line 7 (aws p3.2xlarge): spot price older than a year",
         "dbu_rates.csv: no rate for gcp"]
 

@@ -70,7 +70,8 @@ def test_csv_that_misses_a_file(tmp_path, volumes, convert_cli):
     assert res.exit_code == 1
     assert f"{src / 'v004.npy'}: no label for id 'v004' in {csv_path}" in res.stderr
     assert not (tmp_path / "o.parquet").exists()
-    res = convert_cli(src, tmp_path / "o.parquet", "--to", "parquet", "--labels", csv_path, "--on-error", "skip", "--json")
+    res = convert_cli(src, tmp_path / "o.parquet", "--to", "parquet", "--labels", csv_path, "--on-error", "skip",
+                      "--json")
     summary = json.loads(res.stdout)
     assert summary["samples"] == len(truth) - 1 and summary["rejected"] == 1
     reject = json.loads(Path(summary["rejects_report"]).read_text())

@@ -87,7 +87,8 @@ def test_an_edited_small_file_is_read_anew(request, tmp_path, backend_name):
     buf = io.BytesIO()
     np.save(buf, edited)
     fs.pipe_file(f"{bucket}/vols/v005.npy", buf.getvalue())
-    assert_same(read_all(url, backend, cache, format="blob", labels=f"{url}/labels.csv"), {**truth, "v005": (edited, truth["v005"][1])})
+    assert_same(read_all(url, backend, cache, format="blob", labels=f"{url}/labels.csv"),
+                {**truth, "v005": (edited, truth["v005"][1])})
 
 
 @pytest.mark.parametrize("backend_name", BACKENDS)

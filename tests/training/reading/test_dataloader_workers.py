@@ -99,7 +99,8 @@ METHODS = [("fork", False), ("fork", True), ("forkserver", False), ("spawn", Tru
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method,persistent", METHODS, ids=[f"{m}-{'persistent' if p else 'fresh'}" for m, p in METHODS])
+@pytest.mark.parametrize("method,persistent", METHODS,
+                         ids=[f"{m}-{'persistent' if p else 'fresh'}" for m, p in METHODS])
 @pytest.mark.parametrize("backend", [on("s3"), on("azurite"), "local"])
 def test_two_workers_deliver_every_sample_once_under_each_start_method(request, tmp_path, source, backend, method,
                                                                        persistent):

@@ -206,7 +206,8 @@ BASE = ["--tensor-column", "x", "--shape", SHAPE_ARG, "--label-column", "y"]
     (("delta", "raw"), [*BASE, "--id-column", "name"], 1, ["raw.delta", "no column 'name'"]),
     (("parquet", "raw"), [*BASE, "--tensor-column", "sample_id"], 1,
      ["raw.parquet/part-00000-abc.snappy.parquet", "tensor column 'sample_id' is string"]),
-    (("delta", "npy"), [*BASE, "--label-column", "sample_id"], 1, ["npy.delta", "label column 'sample_id' is string, not integers"]),
+    (("delta", "npy"), [*BASE, "--label-column", "sample_id"], 1,
+     ["npy.delta", "label column 'sample_id' is string, not integers"]),
     (("parquet", "raw"), [*BASE, "--shape", "6x6x4x3"], 1,
      ["raw.parquet/part-00000-abc.snappy.parquet (row group 0)", "tensor column 'x', row 0: 1152 bytes",
       "--shape 6x6x4x3 of float32 is 1728 bytes"]),
@@ -215,11 +216,14 @@ BASE = ["--tensor-column", "x", "--shape", SHAPE_ARG, "--label-column", "y"]
      ["npy.delta", "tensor column 'x', row 0: holds float32 of shape (6, 6, 4, 2), not float32 of shape (12, 6, 4)"]),
     (("parquet", "npy"), [*BASE, "--tensor-encoding", "raw"], 1, ["tensor column 'x', row 0:", "bytes, but --shape"]),
     (("parquet", "raw"), [*BASE, "--tensor-encoding", "npy"], 1, ["tensor column 'x', row 0: not a .npy file"]),
-    (("parquet", "raw"), [*BASE, "--tensor-encoding", "list"], 1, ["tensor column 'x' is binary; --tensor-encoding list"]),
-    (("delta", "list"), [*BASE, "--tensor-encoding", "npy"], 1, ["list.delta", "--tensor-encoding npy takes a binary column"]),
+    (("parquet", "raw"), [*BASE, "--tensor-encoding", "list"], 1,
+     ["tensor column 'x' is binary; --tensor-encoding list"]),
+    (("delta", "list"), [*BASE, "--tensor-encoding", "npy"], 1,
+     ["list.delta", "--tensor-encoding npy takes a binary column"]),
     (("delta", "list"), [*BASE, "--dtype", "float64"], 1,
      ["list.delta", "tensor column 'x' holds float values, not double (--dtype float64); pass --dtype float32"]),
-    (("parquet", "list"), [*BASE, "--shape", "6x6x4"], 1, ["tensor column 'x', row 0: 288 numbers, but --shape 6x6x4 is 144"]),
+    (("parquet", "list"), [*BASE, "--shape", "6x6x4"], 1,
+     ["tensor column 'x', row 0: 288 numbers, but --shape 6x6x4 is 144"]),
 ])
 def test_bad_options_and_data_are_refused_naming_the_table_and_column(tmp_path, tables, table, args, code, parts):
     res = train_cli("--data", tables[table], *args, "--out", tmp_path / "o", *TINY)
