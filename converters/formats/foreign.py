@@ -158,11 +158,11 @@ def resolve_encoding(foreign: ForeignSchema, column: pa.Array) -> str:
 
 
 def _is_binary(kind: pa.DataType) -> bool:
-    return pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind)
+    return bool(pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind))
 
 
 def _is_list(kind: pa.DataType) -> bool:
-    return pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+    return bool(pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind))
 
 
 def _shape(foreign: ForeignSchema) -> str:
@@ -172,7 +172,7 @@ def _shape(foreign: ForeignSchema) -> str:
 # ---------------------------------------------------------------- decoding
 
 def decode_tensors(foreign: ForeignSchema, encoding: str, column: pa.Array | pa.ChunkedArray, where: str,
-                   empty: Callable = np.empty) -> np.ndarray:
+                   empty: Callable[..., np.ndarray] = np.empty) -> np.ndarray:
     """A tensor column -> (n, *shape) array of the declared dtype; TrainfeedError naming ``where``,
     the column and the row for a value that does not fit. ``empty``: where new arrays come from."""
     col = _one_chunk(column)
@@ -216,15 +216,17 @@ def _decode_raw(foreign: ForeignSchema, offsets: np.ndarray, data: np.ndarray, w
     lengths = np.diff(offsets)
     bad = np.flatnonzero(lengths != foreign.nbytes)
     if len(bad):
-        raise TrainfeedError(f"{where}: tensor column {foreign.tensor_column!r}, row {int(bad[0])}: {int(lengths[bad[0]])} "
-                             f"bytes, but --shape {_shape(foreign)} of {foreign.dtype} is {foreign.nbytes} bytes")
+        raise TrainfeedError(f"{where}: tensor column {foreign.tensor_column!r}, row {int(bad[0])}: "
+                             f"{int(lengths[bad[0]])} bytes, but --shape {_shape(foreign)} of {foreign.dtype} is "
+                             f"{foreign.nbytes} bytes")
     # equal lengths: the values are adjacent, so the data buffer is the stacked tensors (a view)
     values = data[offsets[0]:offsets[-1]]
-    return values.view(np.dtype(foreign.dtype).newbyteorder("<")).reshape((len(lengths), *foreign.shape))
+    tensors: np.ndarray = values.view(np.dtype(foreign.dtype).newbyteorder("<")).reshape((len(lengths), *foreign.shape))
+    return tensors
 
 
 def _decode_npy(foreign: ForeignSchema, offsets: np.ndarray, data: np.ndarray, where: str,
-                empty: Callable) -> np.ndarray:
+                empty: Callable[..., np.ndarray]) -> np.ndarray:
     n = len(offsets) - 1
     out = empty((n, *foreign.shape), np.dtype(foreign.dtype))
     for i in range(n):
@@ -272,7 +274,8 @@ def _decode_list(foreign: ForeignSchema, col: pa.Array, where: str) -> np.ndarra
     if values.null_count:
         raise TrainfeedError(f"{where}: tensor column {foreign.tensor_column!r} holds {values.null_count} null "
                              "numbers")
-    return values.to_numpy(zero_copy_only=False).reshape((n, *foreign.shape))
+    tensors: np.ndarray = values.to_numpy(zero_copy_only=False).reshape((n, *foreign.shape))
+    return tensors
 
 
 def decode_ids(foreign: ForeignSchema, table: pa.Table, first_row: int, where: str) -> list[str]:
@@ -284,4 +287,5 @@ def decode_ids(foreign: ForeignSchema, table: pa.Table, first_row: int, where: s
         raise TrainfeedError(f"{where}: id column {foreign.id_column!r} has {col.null_count} null values "
                              f"(the first in row {_first_null(col)})")
     strings = col if pa.types.is_string(col.type) else pc.cast(col, pa.string())
-    return strings.to_pylist()
+    ids: list[str] = strings.to_pylist()
+    return ids

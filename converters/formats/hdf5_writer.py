@@ -8,7 +8,7 @@ import signal
 import threading
 from contextlib import suppress
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import h5py
 import numpy as np
@@ -23,15 +23,16 @@ SUFFIXES = (".h5", ".hdf5")
 SHARD = "shard-{:05d}.h5"
 
 
-def is_single_file(path) -> bool:
+def is_single_file(path: str | Path) -> bool:
     return Path(path).suffix.lower() in SUFFIXES
 
 
-def _compression(opts: WriteOptions) -> dict:
+def _compression(opts: WriteOptions) -> dict[str, Any]:
     if opts.compression == "none":
         return {}
     if opts.compression == "gzip":
-        return {"compression": "gzip", "compression_opts": 4 if opts.compression_level is None else opts.compression_level}
+        level = 4 if opts.compression_level is None else opts.compression_level
+        return {"compression": "gzip", "compression_opts": level}
     return {"compression": opts.compression}
 
 
@@ -61,10 +62,10 @@ class _Sink(io.RawIOBase):
     def tell(self) -> int:
         return self.file.tell()
 
-    def readinto(self, buffer) -> int:
+    def readinto(self, buffer: Any) -> int:
         return self.file.readinto(buffer)
 
-    def write(self, data) -> int:
+    def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         size = view.nbytes
         try:
@@ -91,7 +92,7 @@ class _Sink(io.RawIOBase):
         super().close()
 
 
-F = TypeVar("F", bound=Callable)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 _HELD = (signal.SIGINT, signal.SIGTERM)
@@ -103,7 +104,7 @@ def _ctrl_c_after(fn: F) -> F:
     HDF5 in a state that crashes the interpreter."""
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         if threading.current_thread() is not threading.main_thread():
             return fn(*args, **kwargs)  # signals are only handled in the main thread
         caught: list[int] = []
@@ -113,8 +114,8 @@ def _ctrl_c_after(fn: F) -> F:
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
-            for s in dict.fromkeys(caught):
-                signal.raise_signal(s)  # now, with the usual handler
+            for number in dict.fromkeys(caught):
+                signal.raise_signal(number)  # now, with the usual handler
 
     return wrapper  # type: ignore[return-value]
 
@@ -138,15 +139,24 @@ class _File:
         for spec in self.schema.fields:
             self._create(spec, opts)
 
+    @property
+    def _open(self) -> tuple[Any, _Sink]:
+        """The h5py file and its sink, once ``open`` made them."""
+        assert self.h5 is not None and self.sink is not None, "open() comes first"
+        return self.h5, self.sink
+
     def _create(self, spec: FieldSpec, opts: WriteOptions) -> None:
+        h5, _ = self._open
         if not spec.is_raw:
-            self.h5.create_dataset(spec.name, shape=(0,), maxshape=(None,), dtype=h5py.vlen_dtype(np.uint8),
-                                   chunks=(64,), **_compression(opts))
-            self.h5[spec.name].attrs["encoding"] = spec.encoding
+            h5.create_dataset(spec.name, shape=(0,), maxshape=(None,), dtype=h5py.vlen_dtype(np.uint8),
+                              chunks=(64,), **_compression(opts))
+            h5[spec.name].attrs["encoding"] = spec.encoding
             return
-        per_chunk = max(1, opts.hdf5_chunk_size // max(1, spec.sample_nbytes))
-        self.h5.create_dataset(spec.name, shape=(0, *spec.shape), maxshape=(None, *spec.shape), dtype=spec.dtype,
-                               chunks=(per_chunk, *spec.shape), **_compression(opts))
+        shape, nbytes = spec.shape, spec.sample_nbytes
+        assert shape is not None and nbytes is not None  # a raw field has one shape (the schema guard's rule)
+        per_chunk = max(1, opts.hdf5_chunk_size // max(1, nbytes))
+        h5.create_dataset(spec.name, shape=(0, *shape), maxshape=(None, *shape), dtype=spec.dtype,
+                          chunks=(per_chunk, *shape), **_compression(opts))
 
     @_ctrl_c_after
     def append(self, batch: list[Sample]) -> None:
@@ -162,8 +172,9 @@ class _File:
                 col = np.empty(len(vals), dtype=object)
                 col[:] = [np.frombuffer(v, dtype=np.uint8) for v in vals]
                 columns[spec.name] = col
+        h5, sink = self._open
         for name, values in columns.items():
-            ds = self.h5[name]
+            ds = h5[name]
             ds.resize(n1, axis=0)
             if h5py.check_vlen_dtype(ds.dtype) == np.uint8:
                 # encoded images: h5py's slice assignment takes byte strings of one length
@@ -171,7 +182,7 @@ class _File:
                 ds.write_direct(values, dest_sel=np.s_[n0:n1])
             else:
                 ds[n0:n1] = values
-        self.sink.check()
+        sink.check()
         self.rows = n1
 
     @_ctrl_c_after
@@ -179,8 +190,9 @@ class _File:
         """Close the file; with ``schema``, first mark it complete (written by trainfeed)."""
         try:
             if schema is not None:
-                self.h5.attrs[DATASET_META] = schema.to_json()
-                self.h5.attrs["writer"] = WRITER
+                h5, _ = self._open
+                h5.attrs[DATASET_META] = schema.to_json()
+                h5.attrs["writer"] = WRITER
         finally:
             for handle in (self.h5, self.sink):
                 if handle is not None:
@@ -189,7 +201,7 @@ class _File:
             self.sink.check()
 
 
-def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
+def write(path: str | Path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
           on_part: Callable[[str], None] | None = None, *, single_file: bool | None = None) -> WriteResult:
     """Write every batch; as a single file, or as shards that roll over at the target size.
     ``on_part(name)``: called for each shard once complete (at the end: every shard records
@@ -198,7 +210,7 @@ def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: Wr
     single = is_single_file(path) if single_file is None else single_file
     if not single:
         path.mkdir(parents=True)
-    shards: list[dict] = []
+    shards: list[dict[str, Any]] = []
     files: list[_File] = []
     current: _File | None = None
     bytes_in_shard = 0
@@ -226,8 +238,9 @@ def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: Wr
     result = WriteResult(out, sum(Path(f).stat().st_size for f in out), {"shards": len(out)})
     if not single:
         write_manifest(path, FORMAT, schema, shards)
-        for shard in shards if on_part else ():
-            on_part(shard["file"])
+        if on_part is not None:
+            for shard in shards:
+                on_part(shard["file"])
     return result
 
 

@@ -8,23 +8,27 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainfeed.converters import __version__
 from trainfeed.converters.layout import MANIFEST, DatasetSchema, checked_schema, is_count
 from trainfeed.converters.storage.location import as_location
 
+if TYPE_CHECKING:
+    from trainfeed.converters.formats.interface import Where
+
 #: What a store's ``writer`` says (a manifest's, an HDF5 file's root attribute).
 WRITER = f"trainfeed {__version__}"
 
 
-def write_manifest(path: Path, fmt: str, schema: DatasetSchema, parts: list[dict], writer: str = WRITER) -> None:
+def write_manifest(path: Path, fmt: str, schema: DatasetSchema, parts: list[dict[str, Any]],
+                   writer: str = WRITER) -> None:
     """The manifest of a ``fmt`` store at ``path``: ``parts`` are {"file": NAME, "rows": N}."""
     manifest = {"format": fmt, "writer": writer, "schema": schema.to_dict(), "parts": parts}
     (path / MANIFEST).write_text(json.dumps(manifest, indent=1))
 
 
-def read_manifest(path, fmt: str | tuple[str, ...]) -> dict:
+def read_manifest(path: Where, fmt: str | tuple[str, ...]) -> dict[str, Any]:
     """The validated manifest of the store at ``path`` (a local path or a Location); ValueError
     naming the file if it is missing, unreadable, not what trainfeed writes, or of a format
     other than ``fmt`` (one name, or the names it may say)."""

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from trainfeed.converters.errors import UsageError
 from trainfeed.converters.formats.blob import BLOB
 from trainfeed.converters.formats.delta import DELTA
 from trainfeed.converters.formats.hdf5 import HDF5
-from trainfeed.converters.formats.interface import Format
+from trainfeed.converters.formats.interface import Format, Where
 from trainfeed.converters.formats.manifest import read_manifest
 from trainfeed.converters.formats.parquet import PARQUET
 from trainfeed.converters.layout import MANIFEST
@@ -43,7 +45,7 @@ _MANIFESTED = tuple(name for name, f in FORMATS.items() if f.commit_record == MA
 COMMIT_RECORDS = frozenset(f.commit_record for f in FORMATS.values() if f.commit_record)
 
 
-def _names_pattern(patterns) -> re.Pattern:
+def _names_pattern(patterns: Iterable[str | None]) -> re.Pattern[str]:
     return re.compile("|".join(f"(?:{p})" for p in dict.fromkeys(p for p in patterns if p)))
 
 
@@ -58,7 +60,7 @@ DATA_SUFFIXES = tuple(dict.fromkeys(s for f in FORMATS.values() for s in f.suffi
 TABLE_SUFFIXES = tuple(dict.fromkeys(s for f in FORMATS.values() if f.parquet_files for s in f.suffixes))
 
 
-def detect_format(path, storage_options: dict | None = None) -> str | None:
+def detect_format(path: Where, storage_options: dict[str, Any] | None = None) -> str | None:
     """The format of a store at ``path`` (a local path, URL or Location: what a reader should
     open it as); None if it is not one. ``identify`` says whether trainfeed wrote it."""
     loc = as_location(path, storage_options)
@@ -67,7 +69,7 @@ def detect_format(path, storage_options: dict | None = None) -> str | None:
     return next((f.name for f in _DETECTION if f.is_store(loc)), None)
 
 
-def detect_table(path, storage_options: dict | None = None) -> str:
+def detect_table(path: Where, storage_options: dict[str, Any] | None = None) -> str:
     """The format a table another tool wrote is read as: one with Parquet files and a log (Delta)
     when its log is there, else plain Parquet files."""
     loc = as_location(path, storage_options)
@@ -97,7 +99,11 @@ def _owned(fmt: Format) -> Found:
     return Found(f"{fmt.noun} written by trainfeed", fmt.name, True)
 
 
-def identify(path) -> Found | None:
+def _foreign(fmt: Format) -> Found:
+    return Found(f"{fmt.foreign_noun} not written by trainfeed")
+
+
+def identify(path: Where) -> Found | None:
     """What is at ``path`` (a local path or a Location on object storage): None when nothing
     is. Never raises for what it finds: a corrupt marker makes the thing "not a trainfeed
     store" and says why."""
@@ -119,7 +125,7 @@ def identify(path) -> Found | None:
 def _identify_file(loc: Location, path: Path) -> Found:
     for fmt in FORMATS.values():
         if fmt.single_file and fmt.is_store(loc):
-            return _owned(fmt) if fmt.written_by_trainfeed(loc) else Found(f"{fmt.foreign_noun} not written by trainfeed")
+            return _owned(fmt) if fmt.written_by_trainfeed(loc) else _foreign(fmt)
     return Found(f"a file of {path.stat().st_size:,} bytes that is not a trainfeed store")
 
 
@@ -147,7 +153,7 @@ def _identify_folder(loc: Location, entries: int) -> Found:
     for fmt in _LOGGED:
         if fmt.is_store(loc):
             try:
-                return _owned(fmt) if fmt.written_by_trainfeed(loc) else Found(f"{fmt.foreign_noun} not written by trainfeed")
+                return _owned(fmt) if fmt.written_by_trainfeed(loc) else _foreign(fmt)
             except ValueError as exc:
                 return Found(f"{fmt.foreign_noun} whose log cannot be read ({exc})")
     if loc.exists(MANIFEST):
