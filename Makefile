@@ -14,7 +14,7 @@ PS_VENV  := .venv-petastorm
 PS_PY    := $(PS_VENV)/bin/python
 DEMO     ?= demo-out
 
-.PHONY: install test test-busy test-fast demo bench-convert bench-loader bench-remote bench-decode bench-io bench-gpu-feed clean
+.PHONY: install lint test test-busy test-fast demo bench-convert bench-loader bench-remote bench-decode bench-io bench-gpu-feed clean
 
 install: $(VENV)/.installed $(PS_VENV)/.installed
 
@@ -54,6 +54,17 @@ PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=
 define pytest_in
 	$(1) -m pytest -m "$(2)" -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || { rc=$$?; [ $$rc -eq 5 ] && [ -n "$(PYTEST_ARGS)" ] || exit $$rc; }
 endef
+
+# Style (ruff) and types (mypy), as configured in pyproject.toml. mypy checks the package as
+# installed (trainfeed.*), so the folders are linked under build/typecheck the way package-dir
+# maps them; paths in its messages read trainfeed/<folder>/... (= <folder>/...).
+TYPECHECK := build/typecheck
+lint: $(VENV)/.installed
+	$(PY) -m ruff check converters training benchmarks pipelines trainfeed tests
+	rm -rf $(TYPECHECK)/trainfeed && mkdir -p $(TYPECHECK)/trainfeed
+	ln -s $(CURDIR)/trainfeed/* $(TYPECHECK)/trainfeed/
+	for d in converters training benchmarks pipelines; do ln -s $(CURDIR)/$$d $(TYPECHECK)/trainfeed/$$d; done
+	cd $(TYPECHECK) && $(CURDIR)/$(PY) -m mypy --config-file $(CURDIR)/pyproject.toml -p trainfeed
 
 test: install
 	$(call pytest_in,$(PY),not gpu and not petastorm)
