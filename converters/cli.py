@@ -103,6 +103,10 @@ def main_command(
                                                     "training)."),
     image_mode: str = typer.Option("RGB", "--image-mode", help="PIL mode images are converted to when decoded or "
                                    "resized: RGB or L (grayscale)."),
+    reduce_depth: bool = typer.Option(False, "--reduce-depth", help="Take a 16-bit image that cannot keep its "
+                                      "bits (a colour PNG decoded or resized, a grayscale one under --image-mode "
+                                      "RGB) at 8 bits per channel (each value's high byte) instead of refusing "
+                                      "it."),
     target_file_size: str = typer.Option("128MB", "--target-file-size", help="Approximate size of each output file "
                                          "(Parquet part, Delta file, HDF5 shard)."),
     row_group_size: str = typer.Option("32MB", "--row-group-size", help="Approximate uncompressed size of a Parquet "
@@ -168,7 +172,8 @@ def main_command(
                 mode=Mode.overwrite.value if overwrite else mode.value,
                 tensor_column=tensor_column.value,
             ),
-            image=ImageOptions(resize=parse_resize(resize), storage=image_storage.value, mode=image_mode.upper()),
+            image=ImageOptions(resize=parse_resize(resize), storage=image_storage.value, mode=image_mode.upper(),
+                               reduce_depth=reduce_depth),
             labels_csv=labels, folder_labels=not no_folder_labels,
             workers=workers or default_workers(src), on_error=on_error.value,
             verify=verify, optimize=optimize, vacuum_hours=vacuum_hours,

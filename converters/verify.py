@@ -31,7 +31,8 @@ def reference_sample(fs, kind: str, src: SourceFile, labels: Labels, image_opts:
     if kind != IMAGE or image_opts.storage != "decoded" or image_opts.resize is not None:
         return load_sample(fs, kind, src, labels, image_opts)
     data = read_bytes(fs, src)
-    return Sample(src.id, labels.get(src.id), {IMAGE_FIELD: exact_pixels(src.path, data, image_opts.mode)}, len(data))
+    return Sample(src.id, labels.get(src.id), {IMAGE_FIELD: exact_pixels(src.path, data, image_opts.mode,
+                                                                          image_opts.reduce_depth)}, len(data))
 
 
 def _chunks(it: Iterator, n: int) -> Iterator[list]:

@@ -58,7 +58,8 @@ def convert(src: str, dst: str, *, format: WritableFormat, labels: str | None = 
             target_file_size: int | str = "128MB", row_group_size: int | str = "32MB",
             hdf5_chunk_size: int | str = "1MB", tensor_column: Literal["binary", "list"] = "binary",
             resize: tuple[int, int] | None = None, image_storage: Literal["encoded", "decoded"] = "encoded",
-            image_mode: Literal["RGB", "L"] = "RGB", folder_labels: bool = True, workers: int | None = None,
+            image_mode: Literal["RGB", "L"] = "RGB", reduce_depth: bool = False, folder_labels: bool = True,
+            workers: int | None = None,
             on_error: Literal["fail", "skip"] = "fail", verify: bool = False) -> ConvertResult:
     """Convert the small files at ``src`` (a folder or fsspec URL) into a ``format`` store at ``dst``.
 
@@ -79,7 +80,8 @@ def convert(src: str, dst: str, *, format: WritableFormat, labels: str | None = 
         compression=compression or default_codec, compression_level=compression_level,
         hdf5_chunk_size=parse_size(hdf5_chunk_size, "hdf5_chunk_size"), mode=mode, tensor_column=tensor_column)
     cfg = ConvertConfig(src=src, dst=dst, fmt=format, write=write,
-                        image=ImageOptions(resize=resize, storage=image_storage, mode=image_mode),
+                        image=ImageOptions(resize=resize, storage=image_storage, mode=image_mode,
+                                           reduce_depth=reduce_depth),
                         labels_csv=labels or (labels_in_source(src, dict(storage_options or {})) if folder_labels
                                               else None),
                         folder_labels=folder_labels, workers=workers or default_workers(src),
@@ -96,7 +98,9 @@ def convert(src: str, dst: str, *, format: WritableFormat, labels: str | None = 
 _API_WORDS = (("pass --overwrite", 'pass mode="overwrite"'), ("or --mode append", 'or mode="append"'),
               ("--mode append", 'mode="append"'), ("--overwrite", 'mode="overwrite"'),
               ("--no-folder-labels", "folder_labels=False"), ("--labels CSV", "labels=CSV"),
-              ("--on-error skip", 'on_error="skip"'), ("--resize HxW", "resize=(H, W)"))
+              ("--on-error skip", 'on_error="skip"'), ("--resize HxW", "resize=(H, W)"),
+              ("--reduce-depth", "reduce_depth=True"), ("--image-mode L", 'image_mode="L"'),
+              ("--image-storage encoded", 'image_storage="encoded"'), ("no --resize", "no resize"))
 
 
 def in_api_words(message: str) -> str:

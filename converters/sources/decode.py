@@ -41,6 +41,7 @@ class ImageOptions:
     resize: tuple[int, int] | None = None  # (height, width)
     storage: str = "encoded"  # "encoded" keeps JPEG/PNG bytes; "decoded" stores pixel arrays
     mode: str = "RGB"  # PIL mode images are converted to when decoded or resized
+    reduce_depth: bool = False  # a 16-bit image that cannot keep its bits is taken at 8 (else refused)
 
 
 def parse_resize(text: str | None, option: str = "--resize") -> tuple[int, int] | None:
@@ -217,16 +218,21 @@ def encoded_dtype(data: bytes) -> str:
     return "uint16" if png_bit_depth(data) == 16 else "uint8"
 
 
-def _in_mode(path: str, img: Image.Image, data: bytes, mode: str) -> Image.Image:
-    """``img`` in ``mode`` (RGB or L) at its own bit depth; refuses what would lose bits."""
+def _in_mode(path: str, img: Image.Image, data: bytes, mode: str, reduce_depth: bool = False) -> Image.Image:
+    """``img`` in ``mode`` (RGB or L) at its own bit depth; refuses what would lose bits, unless
+    ``reduce_depth`` (then 8 bits per channel: a 16-bit value's high byte)."""
     if img.mode in _GRAY16:
-        if mode != "L":
+        if mode == "L":
+            return img
+        if not reduce_depth:
             raise SampleError(path, f"16-bit grayscale image: --image-mode {mode} would cut it to 8 bits; "
-                                    "use --image-mode L to keep its 16-bit pixels")
-        return img
-    if png_bit_depth(data) == 16:
+                                    "use --image-mode L to keep its 16-bit pixels, or --reduce-depth to take "
+                                    "it at 8 bits")
+        img = Image.fromarray((np.asarray(img).astype(np.uint32) >> 8).astype(np.uint8), "L")
+    elif png_bit_depth(data) == 16 and not reduce_depth:
         raise SampleError(path, "16-bit colour PNG: Pillow decodes it to 8 bits per channel; keep its exact "
-                                "bytes with --image-storage encoded and no --resize")
+                                "bytes with --image-storage encoded and no --resize, or take it at 8 bits "
+                                "per channel with --reduce-depth")
     return img if img.mode == mode else img.convert(mode)
 
 
@@ -242,12 +248,13 @@ def _undecodable(path: str, exc: Exception) -> SampleError:
 _IMAGE_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 
 
-def exact_pixels(path: str, data: bytes, mode: str) -> np.ndarray:
-    """The image's pixels in ``mode``, exactly as in the file: no resize, own bit depth."""
+def exact_pixels(path: str, data: bytes, mode: str, reduce_depth: bool = False) -> np.ndarray:
+    """The image's pixels in ``mode``, exactly as in the file: no resize, own bit depth (8 bits
+    with ``reduce_depth``, as a conversion with it stores them)."""
     try:
         with Image.open(io.BytesIO(data)) as img:
             img.load()
-            return _pixel_array(_in_mode(path, img, data, mode))
+            return _pixel_array(_in_mode(path, img, data, mode, reduce_depth))
     except _IMAGE_ERRORS as exc:
         raise _undecodable(path, exc) from exc
 
@@ -260,7 +267,7 @@ def decode_image(path: str, data: bytes, opts: ImageOptions) -> dict[str, np.nda
             opened.load()
             if opts.storage == "encoded" and opts.resize is None:
                 return {IMAGE_FIELD: data}
-            img = _in_mode(path, opened, data, opts.mode)
+            img = _in_mode(path, opened, data, opts.mode, opts.reduce_depth)
             if opts.resize is not None:
                 h, w = opts.resize
                 img = img.resize((w, h), Image.Resampling.BILINEAR)
