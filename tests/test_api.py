@@ -148,6 +148,85 @@ def test_tf_dataset_yields_the_store_batches(store56):
     assert [y.tolist() for _, y in batches[3:]] == [b.y.tolist() for b in store.batches(5, seed=4, start_batch=3)]
 
 
+def test_options_objects_read_what_the_keywords_read(store56):
+    """An OpenOptions / EpochOptions given as an object reads the same samples, bit for bit and
+    in the same order, as the same settings given as keywords."""
+    store, truth = store56
+    uri = store.uri
+    by_keywords = trainfeed.open_store(uri, field="volume", io_concurrency=3)
+    by_object = trainfeed.open_store(uri, options=trainfeed.OpenOptions(field="volume", io_concurrency=3))
+    assert by_object.open_options == by_keywords.open_options == trainfeed.OpenOptions(field="volume",
+                                                                                       io_concurrency=3)
+    epoch = trainfeed.EpochOptions(batch_size=6, seed=3, shuffle_buffer=16, workers=1, shard=1, num_shards=2,
+                                   drop_last=True)
+    keywords = dict(seed=3, shuffle_buffer=16, workers=1, shard=1, num_shards=2, drop_last=True)
+
+    def epoch_of_batches(batches):
+        return [(b.ids, b.x.tobytes(), b.y.tobytes()) for b in batches]
+
+    want = epoch_of_batches(by_keywords.batches(6, epoch=2, **keywords))
+    assert want and epoch_of_batches(by_object.batches(options=epoch, epoch=2)) == want
+    # a keyword equal to the object's value (or at its default) is no conflict
+    assert epoch_of_batches(by_object.batches(6, options=epoch, epoch=2, seed=3)) == want
+    whole = trainfeed.EpochOptions(batch_size=5, seed=2)
+    torch_epoch = lambda dataset: [(x, y.tobytes()) for x, y in epoch_of(dataset, 2)]  # noqa: E731
+    got = torch_epoch(trainfeed.TorchDataset(store, options=whole))
+    assert got == torch_epoch(trainfeed.TorchDataset(store, batch_size=5, seed=2))
+    assert samples_of((x, np.frombuffer(y, np.int64)) for x, y in got) == truth
+
+
+@pytest.mark.tf
+def test_tf_dataset_takes_an_epoch_options_object(store56):
+    store, _ = store56
+    as_bytes = lambda ds: [(x.numpy().tobytes(), y.numpy().tobytes()) for x, y in ds]  # noqa: E731
+    assert as_bytes(trainfeed.tf_dataset(store, options=trainfeed.EpochOptions(batch_size=5, seed=4))) == as_bytes(
+        trainfeed.tf_dataset(store, batch_size=5, seed=4))
+
+
+def test_an_options_object_and_a_conflicting_keyword_are_refused(store56):
+    store, _ = store56
+    with pytest.raises(trainfeed.UsageError, match=r"seed=4 \(options has 3\)"):
+        store.batches(options=trainfeed.EpochOptions(seed=3), seed=4)
+    with pytest.raises(trainfeed.UsageError, match=r"batch_size=8 \(options has 32\)"):
+        store.batches(8, options=trainfeed.EpochOptions())
+    with pytest.raises(trainfeed.UsageError, match=r"version=1 \(options has None\)"):
+        trainfeed.open_store(store.uri, options=trainfeed.OpenOptions(), version=1)
+    with pytest.raises(trainfeed.UsageError, match=r"drop_last=True \(options has False\)"):
+        trainfeed.TorchDataset(store, options=trainfeed.EpochOptions(), drop_last=True)
+    with pytest.raises(trainfeed.UsageError, match="shards by rank and DataLoader worker itself"):
+        trainfeed.TorchDataset(store, options=trainfeed.EpochOptions(num_shards=2))
+    with pytest.raises(trainfeed.UsageError, match="options must be a EpochOptions, not OpenOptions"):
+        store.batches(options=trainfeed.OpenOptions())  # type: ignore[arg-type]
+
+
+def test_options_objects_pickle_and_have_one_default_each():
+    import pickle
+    from dataclasses import fields
+
+    from trainfeed.converters.formats.foreign import foreign_schema
+
+    opened = trainfeed.OpenOptions(version=2, field="x", labels="l.csv", storage_options={"account_name": "a"},
+                                   io_concurrency=4, cache_dir="/tmp/c", cache_limit=10**6, image_size=(8, 8),
+                                   foreign=foreign_schema("t", "2x2", None, None, None, None))
+    epoch = trainfeed.EpochOptions(batch_size=4, shuffle=False, seed=9, shuffle_buffer=8, drop_last=True,
+                                   workers=3, pool="arrow", shard=1, num_shards=2, augment=True)
+    for options in (opened, epoch, trainfeed.OpenOptions(), trainfeed.EpochOptions()):
+        assert pickle.loads(pickle.dumps(options)) == options
+    # the keywords of the API default to the objects' defaults (a keyword at its default is "not given")
+    import inspect
+
+    for function, cls in ((trainfeed.Store.batches, trainfeed.EpochOptions),
+                          (trainfeed.TorchDataset.__init__, trainfeed.EpochOptions),
+                          (trainfeed.tf_dataset, trainfeed.EpochOptions),
+                          (trainfeed.open_store, trainfeed.OpenOptions)):
+        params = inspect.signature(function).parameters
+        for f in fields(cls):
+            if f.name in params:
+                default = f.default_factory() if callable(f.default_factory) else f.default
+                assert params[f.name].default in (default, None), (function, f.name)
+    assert trainfeed.EpochOptions().drop_last is False
+
+
 def test_the_typed_options_name_what_the_registries_hold():
     """The Literal types are for type checkers; the registries are the truth."""
     from typing import get_args

@@ -470,8 +470,9 @@ def test_cache_dir_serves_epochs_once_the_objects_are_gone(azure, tmp_path, kind
     """The read engine with ``cache_dir``: epoch 0 fills the cache (within ``cache_limit``);
     with the data parts then deleted from the store, the opened store reads epoch 0 again (the
     same batches, bit for bit) and epoch 1 (every sample) from the cache."""
+    from trainfeed.converters.formats.options import OpenOptions
     from trainfeed.converters.storage.fetch import flush_cache_writes
-    from trainfeed.training.reading.readers import ReaderOptions, iter_batches, open_store
+    from trainfeed.training.reading.readers import EpochOptions, iter_batches, open_store
 
     src = tmp_path / "vols"
     truth = source(src, 40, seed=7)
@@ -480,9 +481,9 @@ def test_cache_dir_serves_epochs_once_the_objects_are_gone(azure, tmp_path, kind
     url = azure.url(bucket, key)
     assert convert(src, url, kind, azure, *labels(src), *SMALL).exit_code == 0
     cache, limit = tmp_path / "cache", 10 * 10**6
-    opts = ReaderOptions(batch_size=8, shuffle=True, seed=5, drop_last=False, storage_options=azure.options,
-                         io_concurrency=4, cache_dir=str(cache), cache_limit=limit)
-    store = open_store(url, opts=opts)
+    opts = EpochOptions(batch_size=8, shuffle=True, seed=5)
+    store = open_store(url, opts=OpenOptions(storage_options=azure.options, io_concurrency=4, cache_dir=str(cache),
+                                             cache_limit=limit))
     first = rows_of_batches(iter_batches(store, opts, epoch=0))
     assert sorted(first) == truth_rows(truth)
     flush_cache_writes()  # written behind the reads: finished shortly after the epoch
@@ -496,7 +497,8 @@ def test_cache_dir_serves_epochs_once_the_objects_are_gone(azure, tmp_path, kind
 
 @pytest.mark.azurite
 def test_a_cache_smaller_than_the_store_stays_within_its_limit(azure, tmp_path):
-    from trainfeed.training.reading.readers import ReaderOptions, iter_batches, open_store
+    from trainfeed.converters.formats.options import OpenOptions
+    from trainfeed.training.reading.readers import EpochOptions, iter_batches, open_store
 
     src = tmp_path / "vols"
     truth = source(src, 48, seed=8)
@@ -505,9 +507,9 @@ def test_a_cache_smaller_than_the_store_stays_within_its_limit(azure, tmp_path):
     assert convert(src, url, "parquet", azure, *labels(src), *TINY).exit_code == 0
     store_bytes = sum(len(v) for k, v in azure.objects(bucket).items() if k.endswith(".parquet"))
     cache, limit = tmp_path / "cache", store_bytes // 3
-    opts = ReaderOptions(batch_size=8, shuffle=True, seed=1, drop_last=False, storage_options=azure.options,
-                         io_concurrency=4, cache_dir=str(cache), cache_limit=limit)
-    store = open_store(url, opts=opts)
+    opts = EpochOptions(batch_size=8, shuffle=True, seed=1)
+    store = open_store(url, opts=OpenOptions(storage_options=azure.options, io_concurrency=4, cache_dir=str(cache),
+                                             cache_limit=limit))
     for epoch in (0, 1):
         assert sorted(rows_of_batches(iter_batches(store, opts, epoch=epoch))) == truth_rows(truth)
         assert cache_usage(cache) <= limit

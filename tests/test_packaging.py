@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
 import zipfile
 from importlib import metadata
 from pathlib import Path
-
-import shutil
 
 import pytest
 from packaging.requirements import Requirement
@@ -113,7 +112,7 @@ SMOKE = textwrap.dedent("""
             assert exc.name.split(".")[0] in OPTIONAL, (mod.name, exc.name)
             missing[mod.name] = exc.name
 
-    from trainfeed.training.reading.readers import ReaderOptions, iter_batches, open_store
+    from trainfeed.training.reading.readers import EpochOptions, iter_batches, open_store
     work = Path(sys.argv[1])
     rng = np.random.default_rng(0)
     truth = {}
@@ -127,7 +126,7 @@ SMOKE = textwrap.dedent("""
         subprocess.run([convert, work / "src", dst, "--to", fmt, "--verify", "--no-progress"], check=True)
         store = open_store(str(dst))
         seen = {}
-        for batch in iter_batches(store, ReaderOptions(batch_size=5, workers=1, pool="arrow", drop_last=False)):
+        for batch in iter_batches(store, EpochOptions(batch_size=5, workers=1, pool="arrow")):
             seen.update(zip(batch.ids, batch.x))
         assert seen.keys() == truth.keys(), (fmt, sorted(seen))
         for sid, arr in truth.items():

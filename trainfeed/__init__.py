@@ -22,16 +22,17 @@ from typing import TYPE_CHECKING, Any
 from trainfeed.converters import __version__
 
 if TYPE_CHECKING:
+    from trainfeed.conversion import ConvertResult, convert
     from trainfeed.converters.errors import TrainfeedError, UsageError
     from trainfeed.converters.formats.foreign import ForeignSchema
-    from trainfeed.training.config import TrainConfig
-    from trainfeed.training.reading.readers import Batch
-
-    from trainfeed.conversion import ConvertResult, convert
+    from trainfeed.converters.formats.options import OpenOptions
     from trainfeed.store import Store, open_store
     from trainfeed.tf_data import tf_dataset
     from trainfeed.torch_data import TorchDataset
     from trainfeed.trainer import TrainResult, train
+    from trainfeed.training.config import TrainConfig
+    from trainfeed.training.reading.readers import Batch
+    from trainfeed.training.reading.store import EpochOptions
 
 #: Where each name of the API lives. Imported on first use: ``import trainfeed.converters``
 #: (every CLI) stays light, and only TorchDataset imports torch.
@@ -40,11 +41,13 @@ _API = {
     "Batch": "trainfeed.training.reading.readers", "TorchDataset": ".torch_data", "tf_dataset": ".tf_data",
     "train": ".trainer", "TrainConfig": "trainfeed.training.config", "TrainResult": ".trainer",
     "TrainfeedError": "trainfeed.converters.errors", "UsageError": "trainfeed.converters.errors",
-    "ForeignSchema": "trainfeed.converters.formats.foreign",
+    "ForeignSchema": "trainfeed.converters.formats.foreign", "OpenOptions": "trainfeed.converters.formats.options",
+    "EpochOptions": "trainfeed.training.reading.store",
 }
 
 __all__ = ["__version__", "convert", "ConvertResult", "open_store", "Store", "Batch", "TorchDataset", "tf_dataset",
-           "train", "TrainConfig", "TrainResult", "TrainfeedError", "UsageError", "ForeignSchema"]
+           "train", "TrainConfig", "TrainResult", "TrainfeedError", "UsageError", "ForeignSchema",
+           "OpenOptions", "EpochOptions"]
 
 
 def __getattr__(name: str) -> Any:

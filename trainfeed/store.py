@@ -2,12 +2,13 @@
 one ``Store`` whose ``batches()`` are one epoch of numpy batches."""
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Iterator, Literal, Mapping
 
 from trainfeed.converters.formats.foreign import foreign_schema
+from trainfeed.converters.formats.options import OpenOptions, merge_options
 from trainfeed.training.reading import readers
-from trainfeed.training.reading.readers import Batch, ReaderOptions
+from trainfeed.training.reading.readers import Batch
+from trainfeed.training.reading.store import EpochOptions
 
 Format = Literal["parquet", "delta", "hdf5", "blob"]
 Encoding = Literal["auto", "npy", "raw", "list"]
@@ -17,9 +18,8 @@ Pool = Literal["arrow", "sharded", "process", "thread", "dummy"]
 class Store:
     """An opened store. ``store.reader`` is the read engine's view of it (pieces, schema)."""
 
-    def __init__(self, reader: readers.Store, options: ReaderOptions):
+    def __init__(self, reader: readers.Store):
         self.reader = reader
-        self._options = options  # what it was opened with: version, field, labels, storage options
 
     @property
     def uri(self) -> str:
@@ -58,33 +58,38 @@ class Store:
         """Class name -> label, when the labels were class names."""
         return self.reader.schema.label_map
 
-    def options(self, *, batch_size: int = 32, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
-                workers: int = 2, pool: Pool = "arrow", shuffle_buffer: int = 256, shard: int = 0,
-                num_shards: int = 1, augment: bool = False) -> ReaderOptions:
-        """The engine's options for reading this store so."""
-        return replace(self._options, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
-                       workers=workers, pool=pool, shuffle_buffer=shuffle_buffer, shard=shard,
-                       num_shards=num_shards, augment=augment)
+    @property
+    def open_options(self) -> OpenOptions:
+        """What it was opened with: version, field, labels, storage options, cache, image size."""
+        return self.reader.options
 
-    def batches(self, batch_size: int = 32, *, shuffle: bool = True, seed: int = 0, epoch: int = 0,
-                start_batch: int = 0, drop_last: bool = False, workers: int = 2, pool: Pool = "arrow",
-                shuffle_buffer: int = 256, shard: int = 0, num_shards: int = 1,
-                augment: bool = False) -> Iterator[Batch]:
+    def batches(self, batch_size: int = 32, *, options: EpochOptions | None = None, epoch: int = 0,
+                start_batch: int = 0, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
+                workers: int = 2, pool: Pool = "arrow", shuffle_buffer: int = 256, shard: int = 0,
+                num_shards: int = 1, augment: bool = False) -> Iterator[Batch]:
         """One epoch of ``Batch(x, y, ids)``: every sample of shard ``shard`` of ``num_shards``
         exactly once, in an order fixed by ``seed`` and ``epoch``; from batch ``start_batch`` on
         (earlier batches are not read). ``drop_last`` drops a last, smaller batch. Encoded images
-        are decoded; ``augment`` gives them a random resized crop and flip (from seed, epoch, id)."""
-        opts = self.options(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, workers=workers,
-                            pool=pool, shuffle_buffer=shuffle_buffer, shard=shard, num_shards=num_shards,
-                            augment=augment)
+        are decoded; ``augment`` gives them a random resized crop and flip (from seed, epoch, id).
+        ``options``: an ``EpochOptions`` holding these settings instead of the keywords (a
+        keyword that differs from it is refused)."""
+        opts = epoch_options(options, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
+                             workers=workers, pool=pool, shuffle_buffer=shuffle_buffer, shard=shard,
+                             num_shards=num_shards, augment=augment)
         return readers.iter_batches(self.reader, opts, epoch, start_batch=start_batch)
 
     def __repr__(self) -> str:
         return f"Store({self.uri!r}, format={self.format!r}, samples={self.samples}, field={self.field!r})"
 
 
-def open_store(uri: str, *, version: int | None = None, storage_options: Mapping[str, str] | None = None,
-               format: Format | None = None, field: str | None = None, labels: str | None = None,
+def epoch_options(options: EpochOptions | None, **keywords) -> EpochOptions:
+    """The one ``EpochOptions`` of an API call: ``options`` or the keywords (see ``merge_options``)."""
+    return merge_options(EpochOptions, options, keywords)
+
+
+def open_store(uri: str, *, options: OpenOptions | None = None, version: int | None = None,
+               storage_options: Mapping[str, str] | None = None, format: Format | None = None,
+               field: str | None = None, labels: str | None = None,
                io_concurrency: int = 8, cache_dir: str | None = None, cache_limit: int = 10 * 10**9,
                image_size: tuple[int, int] | None = None, tensor_column: str | None = None,
                shape: str | tuple[int, ...] | None = None, dtype: str | None = None, label_column: str | None = None,
@@ -100,10 +105,11 @@ def open_store(uri: str, *, version: int | None = None, storage_options: Mapping
     column: ``shape`` (a tuple or "30x30x10x10") and ``dtype`` (default float32) of one sample,
     ``label_column`` (default "label", integers), ``id_column`` (default: ids ``row-<n>``, the
     row's position in the table) and ``tensor_encoding`` (auto, npy, raw or list; see the README,
-    "Train from your own table"). Raises ``TrainfeedError`` naming the problem (``UsageError``
-    for options that do not fit together)."""
-    opts = ReaderOptions(delta_version=version, field_name=field, labels_csv=labels,
-                         storage_options=dict(storage_options or {}), io_concurrency=io_concurrency,
-                         cache_dir=cache_dir, cache_limit=cache_limit, image_size=image_size,
-                         foreign=foreign_schema(tensor_column, shape, dtype, label_column, id_column, tensor_encoding))
-    return Store(readers.open_store(uri, format, opts), opts)
+    "Train from your own table"). ``options``: an ``OpenOptions`` holding these settings instead of
+    the keywords (``format`` stays a keyword; a keyword that differs from it is refused). Raises
+    ``TrainfeedError`` naming the problem (``UsageError`` for options that do not fit together)."""
+    opts = merge_options(OpenOptions, options, dict(
+        version=version, field=field, labels=labels, storage_options=dict(storage_options or {}),
+        io_concurrency=io_concurrency, cache_dir=cache_dir, cache_limit=cache_limit, image_size=image_size,
+        foreign=foreign_schema(tensor_column, shape, dtype, label_column, id_column, tensor_encoding)))
+    return Store(readers.open_store(uri, format, opts))

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import itertools
 import os
+from dataclasses import replace
 from typing import Any, Iterator
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.storage.fetch import flush_cache_writes
-
-from trainfeed.store import Pool, Store, open_store
+from trainfeed.store import Pool, Store, epoch_options, open_store
 from trainfeed.training.reading import readers
-
+from trainfeed.training.reading.store import EpochOptions
 
 #: Seconds a DataLoader worker waits at the end of its epoch for its cache writes; what is not
 #: written by then is fetched and cached in a later epoch.
@@ -57,19 +57,26 @@ class TorchDataset(IterableDataset):
     Call ``set_epoch(e)`` before each epoch (a new seeded order). ``state_dict(n)``, after n
     batches of an epoch's iterator, and ``load_state_dict`` resume at the exact next batch
     without reading earlier pieces; resume with the same batch size, seed, world size and
-    DataLoader ``num_workers``.
+    DataLoader ``num_workers``. ``options``: an ``EpochOptions`` instead of the keywords (a keyword
+    that differs from it is refused; its shard and num_shards stay 0 and 1: the dataset shards itself).
 
     Worker processes of every start method (fork, forkserver, spawn) read with clients of their
     own: the dataset pickles as the store's description (URL, options, the object versions
     pinned at open), never as open connections. The epoch and resume point live in shared
     memory, so ``persistent_workers=True`` workers follow ``set_epoch`` and ``load_state_dict``."""
 
-    def __init__(self, store: Store | str, *, batch_size: int = 32, shuffle: bool = True, seed: int = 0,
-                 drop_last: bool = False, workers: int = 2, pool: Pool = "arrow", shuffle_buffer: int = 256,
-                 storage_options: dict[str, str] | None = None, augment: bool = False):
+    def __init__(self, store: Store | str, *, options: EpochOptions | None = None, batch_size: int = 32,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, workers: int = 2,
+                 pool: Pool = "arrow", shuffle_buffer: int = 256, storage_options: dict[str, str] | None = None,
+                 augment: bool = False):
+        self.options = epoch_options(options, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                                     drop_last=drop_last, workers=workers, pool=pool,
+                                     shuffle_buffer=shuffle_buffer, augment=augment)
+        if (self.options.shard, self.options.num_shards) != (0, 1):
+            raise UsageError("TorchDataset shards by rank and DataLoader worker itself: leave the options' "
+                             f"shard and num_shards at 0 and 1 (not {self.options.shard} and "
+                             f"{self.options.num_shards})")
         self.store = store if isinstance(store, Store) else open_store(store, storage_options=storage_options)
-        self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
-        self.workers, self.pool, self.shuffle_buffer, self.augment = workers, pool, shuffle_buffer, augment
         # [epoch, first batch of that epoch where the next iteration starts], seen by worker processes
         self._position = torch.zeros(2, dtype=torch.int64).share_memory_()
 
@@ -88,9 +95,13 @@ class TorchDataset(IterableDataset):
         if epoch != self.epoch:
             self._move_to(epoch, 0)
 
+    @property
+    def batch_size(self) -> int:
+        return self.options.batch_size
+
     def _batches_of(self, shard: int, num_shards: int) -> int:
         rows = self.store.reader.shard_rows(shard, num_shards)
-        return rows // self.batch_size if self.drop_last else -(-rows // self.batch_size)
+        return rows // self.batch_size if self.options.drop_last else -(-rows // self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         info = get_worker_info()
@@ -100,10 +111,7 @@ class TorchDataset(IterableDataset):
         epoch, first_batch = self.epoch, self._first_batch
         starts, first = resume_points(counts, first_batch)
         logical = (worker + first) % workers  # the DataLoader starts with its worker 0
-        opts = self.store.options(
-            batch_size=self.batch_size, shuffle=self.shuffle, seed=self.seed, drop_last=self.drop_last,
-            workers=self.workers, pool=self.pool, shuffle_buffer=self.shuffle_buffer,
-            shard=rank * workers + logical, num_shards=world * workers, augment=self.augment)
+        opts = replace(self.options, shard=rank * workers + logical, num_shards=world * workers)
         for batch in readers.iter_batches(self.store.reader, opts, epoch, start_batch=starts[logical]):
             yield torch.from_numpy(batch.x), torch.from_numpy(batch.y)
         if info is not None:  # a worker process may exit now: its cache writes first (bounded)
@@ -111,8 +119,9 @@ class TorchDataset(IterableDataset):
 
     def state_dict(self, batches: int) -> dict[str, Any]:
         """Where to resume after ``batches`` batches of this epoch's iterator."""
-        return {"epoch": self.epoch, "batch": self._first_batch + batches, "batch_size": self.batch_size,
-                "seed": self.seed, "shuffle": self.shuffle, "drop_last": self.drop_last,
+        o = self.options
+        return {"epoch": self.epoch, "batch": self._first_batch + batches, "batch_size": o.batch_size,
+                "seed": o.seed, "shuffle": o.shuffle, "drop_last": o.drop_last,
                 "world_size": _rank_world()[1]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -9,7 +9,9 @@ from typing import Literal, get_args
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.formats.foreign import ForeignSchema
+from trainfeed.converters.formats.options import OpenOptions
 from trainfeed.converters.formats.registry import FORMATS
+from trainfeed.training.reading.store import EpochOptions
 
 Framework = Literal["torch", "tf"]
 Device = Literal["cpu", "cuda"]
@@ -65,6 +67,20 @@ class TrainConfig:
         """How this run's caller spells option ``name`` (a field of this class), ready for a value:
         ``--num-classes `` on the command line, ``num_classes=`` in Python."""
         return "--" + _FLAGS.get(name, name.replace("_", "-")) + " " if self.cli else f"{name}="
+
+    def open_options(self) -> OpenOptions:
+        """What ``data`` is opened with: the one place these fields become an ``OpenOptions``."""
+        return OpenOptions(version=self.delta_version, field=self.field_name, labels=self.labels_csv,
+                           storage_options=self.storage_options, io_concurrency=self.io_concurrency,
+                           cache_dir=self.cache_dir, cache_limit=self.cache_limit, image_size=self.image_size,
+                           foreign=self.foreign)
+
+    def epoch_options(self, shard: int = 0, num_shards: int = 1) -> EpochOptions:
+        """How an epoch of shard ``shard`` of ``num_shards`` is read: the one place these fields
+        become an ``EpochOptions`` (the rest keep its defaults)."""
+        return EpochOptions(batch_size=self.batch_size, seed=self.seed, shuffle_buffer=self.shuffle_buffer,
+                            workers=self.workers, pool=self.pool, shard=shard, num_shards=num_shards,
+                            augment=self.augment)
 
     def to_dict(self) -> dict:
         d = asdict(self)

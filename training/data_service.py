@@ -49,11 +49,12 @@ def worker(address: str, port: int, host: str) -> None:
 
 def measure(data: str, image_size: tuple[int, int], batch_size: int, service: str | None, augment: bool) -> dict:
     """Images/s of one epoch of the offloaded pipeline (read + decode + augment), no training."""
-    from trainfeed.training.reading.readers import ReaderOptions, open_store
+    from trainfeed.converters.formats.options import OpenOptions
+    from trainfeed.training.reading.readers import EpochOptions, open_store
     from trainfeed.training.reading.service_input import check_reachable, check_store, distributed
 
-    opts = ReaderOptions(batch_size=batch_size, image_size=image_size, augment=augment)
-    store = open_store(data, "blob", opts)
+    opts = EpochOptions(batch_size=batch_size, augment=augment)
+    store = open_store(data, "blob", OpenOptions(image_size=image_size))
     check_store(store)
     if service:
         check_reachable(service)

@@ -13,21 +13,31 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
+from trainfeed.benchmarks.ab.config import CELL_ERRORS, IMAGE_STORAGES, REAL_NODES, STORES, MatrixConfig
+from trainfeed.benchmarks.ab.measure import (
+    CellReading,
+    compute_only_tf,
+    compute_only_torch,
+    emulated_run,
+    ingest_only,
+    real_cpu_run,
+)
+from trainfeed.benchmarks.ab.results import RESULTS_VERSION, ResultsFile, error_record, storage_record
+from trainfeed.benchmarks.ab.staging import Staged, connections, reader_options, stage_stores
+from trainfeed.benchmarks.ab.storage import Backend, StoreSource, check_labels, local_copy, open_backend, plan_backend
+from trainfeed.benchmarks.model.profiles import (
+    ACCELERATORS,
+    calibration_key,
+    load_accelerator,
+    load_object_store,
+    model_flops,
+    step_seconds,
+)
+from trainfeed.benchmarks.model.verdict import checks, verdict
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.progress import MatrixProgress, NullProgress
 from trainfeed.converters.redact import redact, register_storage_options
 from trainfeed.training.metrics import environment
-from trainfeed.training.reading.readers import ReaderOptions
-
-from trainfeed.benchmarks.ab.config import CELL_ERRORS, IMAGE_STORAGES, REAL_NODES, STORES, MatrixConfig
-from trainfeed.benchmarks.ab.measure import compute_only_tf, compute_only_torch, emulated_run, ingest_only, real_cpu_run
-from trainfeed.benchmarks.ab.results import RESULTS_VERSION, ResultsFile, error_record, storage_record
-from trainfeed.benchmarks.ab.staging import Staged, connections, reader_options, stage_stores
-from trainfeed.benchmarks.ab.storage import Backend, StoreSource, check_labels, local_copy, open_backend, plan_backend
-from trainfeed.benchmarks.model.profiles import (ACCELERATORS, calibration_key, load_accelerator, load_object_store, model_flops,
-                       step_seconds)
-from trainfeed.benchmarks.model.verdict import checks, verdict
-
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
@@ -208,7 +218,7 @@ def location_effect(cfg: MatrixConfig, backend: Backend, staged: dict, ingest: d
     results.add(rec)
 
 
-def _measure_cell(cfg: MatrixConfig, node: str, framework: str, st: Staged, ropts: ReaderOptions, flops_step: float,
+def _measure_cell(cfg: MatrixConfig, node: str, framework: str, st: Staged, ropts: CellReading, flops_step: float,
                   compute: dict, cell_dir: Path, progress: MatrixProgress | NullProgress) -> dict:
     cell_dir.mkdir(parents=True, exist_ok=True)
     key = (node, framework)

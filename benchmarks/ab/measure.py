@@ -6,20 +6,21 @@ import hashlib
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
 
-from trainfeed.training.config import TrainConfig
-from trainfeed.training.metrics import StepTimer, UtilizationSampler, record
-from trainfeed.training.reading.prefetch import Prefetcher
-from trainfeed.training.reading.readers import Batch, ReaderOptions, iter_batches, open_store
-
 from trainfeed.benchmarks.ab.config import MatrixConfig
 from trainfeed.benchmarks.ab.hostload import LoadMonitor
 from trainfeed.benchmarks.ab.storage import StoreSource
 from trainfeed.benchmarks.model.verdict import MIN_TIMED_SAMPLES, MIN_TIMED_SECONDS
+from trainfeed.converters.formats.options import OpenOptions
+from trainfeed.training.config import TrainConfig
+from trainfeed.training.metrics import StepTimer, UtilizationSampler, record
+from trainfeed.training.reading.prefetch import Prefetcher
+from trainfeed.training.reading.readers import Batch, EpochOptions, iter_batches, open_store
 
 #: Ingest-only reads a store to the end of its epoch when it holds at most this many times the
 #: samples the timed window read: the reader may have read that much ahead already.
@@ -53,11 +54,19 @@ def id_label_digest(pairs: Iterable[tuple[str, int]]) -> str:
     return hashlib.sha256("\n".join(sorted(f"{i}\t{int(y)}" for i, y in pairs)).encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class CellReading:
+    """How every cell of a matrix opens a store and reads its epochs."""
+
+    open: OpenOptions
+    epoch: EpochOptions
+
+
 def _no_step(done: int) -> None:
     """The default step callback: no progress display."""
 
 
-def ingest_only(src: StoreSource, opts: ReaderOptions, steps: int, on_step: Callable[[int], None] = _no_step) -> dict:
+def ingest_only(src: StoreSource, reading: CellReading, steps: int, on_step: Callable[[int], None] = _no_step) -> dict:
     """The reader alone for ``steps`` batches after a warm-up batch (as the real run's first step
     is warm-up): its wall rate over the timed window, and what the projection model uses — the
     process CPU-seconds and, behind the latency emulation, the requests and bytes per sample,
@@ -68,9 +77,9 @@ def ingest_only(src: StoreSource, opts: ReaderOptions, steps: int, on_step: Call
     if requests:
         requests.reset_stats()
     cpu_open = time.process_time()
-    store = open_store(src.path, src.fmt, opts)
+    store = open_store(src.path, src.fmt, reading.open, reading.epoch.pool)
     tally = ReadTally()  # every sample read, the warm-up batch too: the digest covers them all
-    batches = iter_batches(store, opts)
+    batches = iter_batches(store, reading.epoch)
     first = next(batches, None)  # warm-up: opening, the first requests, filling the shuffle buffer
     if first is not None:
         tally.add(first)
@@ -89,7 +98,7 @@ def ingest_only(src: StoreSource, opts: ReaderOptions, steps: int, on_step: Call
             tally.add(batch)
     cpu_s = time.process_time() - cpu_open
     stats = requests.stats() if requests else None  # per sample of the first pass, as cpu_s
-    seconds, timed, timed_bytes, extra = _extend(store, opts, seconds, timed, timed_bytes)
+    seconds, timed, timed_bytes, extra = _extend(store, reading.epoch, seconds, timed, timed_bytes)
     return {"samples_per_s": timed / seconds if seconds and timed else None,
             "mb_per_s": timed_bytes / seconds / 1e6 if seconds and timed else None, "samples": tally.samples,
             "timed_samples": timed, "seconds": seconds, "extra_epochs": extra, "cpu_s": cpu_s,
@@ -98,7 +107,7 @@ def ingest_only(src: StoreSource, opts: ReaderOptions, steps: int, on_step: Call
             "load": load.summary()}
 
 
-def _extend(store, opts: ReaderOptions, seconds: float, timed: int, timed_bytes: int) -> tuple[float, int, int, int]:
+def _extend(store, opts: EpochOptions, seconds: float, timed: int, timed_bytes: int) -> tuple[float, int, int, int]:
     """A timed window too short to mean anything (verdict.too_short), extended with whole further
     epochs of the store, timed the same way, until it lasts MIN_TIMED_SECONDS over
     MIN_TIMED_SAMPLES samples (or the budget runs out: the report then says the rate is too
@@ -183,17 +192,17 @@ def compute_only_tf(shape, batch: int, width: int, steps: int) -> tuple[float, f
     return float(np.median(times[1:])), float(np.mean(cpu[1:]))
 
 
-def emulated_run(src: StoreSource, opts: ReaderOptions, step_s: float, steps: int, out_dir: Path,
+def emulated_run(src: StoreSource, reading: CellReading, step_s: float, steps: int, out_dir: Path,
                  on_step: Callable[[int], None] = _no_step) -> dict:
     """The real reader feeds a step that occupies the (emulated) accelerator for ``step_s``:
     the host is free meanwhile, as with a real GPU."""
-    store = open_store(src.path, src.fmt, opts)
+    store = open_store(src.path, src.fmt, reading.open, reading.epoch.pool)
     timer = StepTimer(warmup_steps=1)
     util_path = out_dir / "utilization.jsonl"
     tally = ReadTally()
     with (open(util_path, "w") as fh, UtilizationSampler(sink=lambda r: fh.write(json.dumps(r) + "\n")) as util,
           LoadMonitor(include_children=True) as load):
-        prefetch = Prefetcher(iter_batches(store, opts), lambda b: None, depth=2)
+        prefetch = Prefetcher(iter_batches(store, reading.epoch), lambda b: None, depth=2)
         try:
             for step in range(1, steps + 1):
                 item, wait = prefetch.get()

@@ -7,16 +7,18 @@ from typing import Callable
 
 import numpy as np
 
+from trainfeed.benchmarks.ab.config import CELL_ERRORS, MatrixConfig
+from trainfeed.benchmarks.ab.measure import CellReading
+from trainfeed.benchmarks.ab.stages import stage_costs
+from trainfeed.benchmarks.ab.storage import Backend, StoreSource, stage_small_files, stage_store
+from trainfeed.benchmarks.model.measured import STAGES
 from trainfeed.converters.errors import UsageError
+from trainfeed.converters.formats.options import OpenOptions
 from trainfeed.converters.formats.registry import IN_PLACE
 from trainfeed.converters.redact import redact
 from trainfeed.converters.sources.decode import ImageOptions
-from trainfeed.training.reading.readers import ReaderOptions, open_store
+from trainfeed.training.reading.readers import EpochOptions, open_store
 
-from trainfeed.benchmarks.ab.config import CELL_ERRORS, MatrixConfig
-from trainfeed.benchmarks.ab.stages import stage_costs
-from trainfeed.benchmarks.model.measured import STAGES
-from trainfeed.benchmarks.ab.storage import Backend, StoreSource, stage_small_files, stage_store
 
 @dataclass(frozen=True)
 class Staged:
@@ -55,7 +57,7 @@ def stage_stores(cfg: MatrixConfig, backend: Backend, log: Callable[[str], None]
         return list(cfg.stores), {}, dict.fromkeys(cfg.stores, reason)
     blob = backend.source(small_files, IN_PLACE, labels)
     try:
-        images = open_store(blob.path, blob.fmt, reader_options(cfg, blob)).images is not None
+        images = open_store(blob.path, blob.fmt, reader_options(cfg, blob).open).images is not None
     except UsageError:
         raise
     except CELL_ERRORS:
@@ -69,7 +71,7 @@ def stage_stores(cfg: MatrixConfig, backend: Backend, log: Callable[[str], None]
             image = ImageOptions(resize=cfg.resize, storage=storage or "encoded")
             url = small_files if fmt == IN_PLACE else stage_store(fmt, small_files, labels, backend, log, name, image)
             src = blob if fmt == IN_PLACE else backend.source(url, fmt)
-            store = open_store(src.path, src.fmt, reader_options(cfg, src))
+            store = open_store(src.path, src.fmt, reader_options(cfg, src).open)
             spec = store.sample_spec
             stages = _logged_stages(log, name, store) if images else None
         except UsageError:
@@ -91,12 +93,14 @@ def _logged_stages(log: Callable[[str], None], name: str, store) -> dict:
     return costs
 
 
-def reader_options(cfg: MatrixConfig, src: StoreSource) -> ReaderOptions:
+def reader_options(cfg: MatrixConfig, src: StoreSource) -> CellReading:
     # a shuffle buffer of two batches: a larger one would make the first step read far ahead
-    # and the short measured window flow from memory; no disk cache: every cell reads the storage
-    return ReaderOptions(batch_size=cfg.batch_size, workers=cfg.workers, io_concurrency=cfg.io_concurrency,
-                         shuffle=True, seed=0, shuffle_buffer=2 * cfg.batch_size, pool="arrow",
-                         labels_csv=src.labels_csv, storage_options=src.storage_options, image_size=cfg.resize)
+    # and the short measured window flow from memory; no disk cache: every cell reads the storage;
+    # full batches only, as the training loop reads
+    return CellReading(OpenOptions(labels=src.labels_csv, storage_options=src.storage_options,
+                                   io_concurrency=cfg.io_concurrency, image_size=cfg.resize),
+                       EpochOptions(batch_size=cfg.batch_size, workers=cfg.workers, shuffle=True, seed=0,
+                                    shuffle_buffer=2 * cfg.batch_size, pool="arrow", drop_last=True))
 
 
 def connections(cfg: MatrixConfig, backend: Backend) -> dict:

@@ -42,11 +42,11 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from trainfeed.converters.convert import ConvertConfig, convert
-from trainfeed.converters.formats.options import WriteOptions
+from trainfeed.converters.formats.options import OpenOptions, WriteOptions
 from trainfeed.converters.sources.decode import ImageOptions, parse_resize
-from trainfeed.training.reading import images
 from trainfeed.training.metrics import environment
-from trainfeed.training.reading.readers import ReaderOptions, iter_batches, open_store
+from trainfeed.training.reading import images
+from trainfeed.training.reading.readers import EpochOptions, iter_batches, open_store
 
 
 def photo(rng: np.random.Generator, size: tuple[int, int]) -> np.ndarray:
@@ -174,8 +174,8 @@ def ceiling(threads: int, seconds: float = 1.0) -> float:
 
 def input_epoch(path: Path, fmt: str | None, workers: int, image_size: tuple[int, int] | None) -> dict:
     """One augmented epoch of batches of 64 from the read engine; no model."""
-    opts = ReaderOptions(batch_size=64, workers=workers, seed=0, augment=True, drop_last=False, image_size=image_size)
-    store = open_store(str(path), fmt, opts)
+    opts = EpochOptions(batch_size=64, workers=workers, seed=0, augment=True, drop_last=False)
+    store = open_store(str(path), fmt, OpenOptions(image_size=image_size))
     t0, c0 = time.perf_counter(), time.process_time()
     n = sum(len(batch.ids) for batch in iter_batches(store, opts))
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0

@@ -30,10 +30,10 @@ import pyarrow.parquet as pq
 
 from trainfeed.benchmarks.micro.convert_bench import ensure_dataset
 from trainfeed.converters.convert import ConvertConfig, convert
+from trainfeed.converters.formats.options import OpenOptions, WriteOptions
 from trainfeed.converters.layout import ID, LABEL
-from trainfeed.converters.formats.options import WriteOptions
 from trainfeed.training.metrics import environment
-from trainfeed.training.reading.readers import ReaderOptions, iter_batches, open_store
+from trainfeed.training.reading.readers import EpochOptions, iter_batches, open_store
 
 MB = 10**6
 FORMATS = ("parquet", "delta", "hdf5", "blob")
@@ -54,7 +54,7 @@ def build_stores(src: Path, work: Path) -> dict[str, Path]:
 def floor(fmt: str, path: Path, workers: int) -> tuple[float, float, int]:
     """Seconds, CPU seconds (all threads) and tensor bytes of the format's own plain read of every sample, in file order,
     ``workers`` threads sharing the units (row groups, slices of whole chunks, files)."""
-    store = open_store(str(path), fmt, ReaderOptions(labels_csv=str(path / "labels.csv") if fmt == "blob" else None))
+    store = open_store(str(path), fmt, OpenOptions(labels=str(path / "labels.csv") if fmt == "blob" else None))
     name = store.spec.name
     local = threading.local()
 
@@ -86,9 +86,9 @@ def floor(fmt: str, path: Path, workers: int) -> tuple[float, float, int]:
 
 def engine(fmt: str, path: Path, workers: int) -> tuple[float, float, int]:
     """Seconds, CPU seconds (all threads) and tensor bytes of one shuffled epoch through trainfeed's reader."""
-    opts = ReaderOptions(batch_size=32, workers=workers, shuffle=True, shuffle_buffer=256, drop_last=False,
-                         pool="arrow", labels_csv=str(path / "labels.csv") if fmt == "blob" else None)
-    store = open_store(str(path), fmt, opts)
+    opts = EpochOptions(batch_size=32, workers=workers, shuffle=True, shuffle_buffer=256, drop_last=False,
+                        pool="arrow")
+    store = open_store(str(path), fmt, OpenOptions(labels=str(path / "labels.csv") if fmt == "blob" else None))
     t0, c0 = time.perf_counter(), time.process_time()
     nbytes = sum(batch.nbytes for batch in iter_batches(store, opts))
     return time.perf_counter() - t0, time.process_time() - c0, nbytes

@@ -4,7 +4,7 @@ files and over Azurite (the real Azure Blob API on loopback), for the small-file
 each compacted store, at 1, 4 and 16 connections.
 
 A budget of N connections is the emulated client's cap (at most N requests in flight) and
-the reader's own connection budget (``ReaderOptions(io_concurrency=N)``). Each line
+the reader's own connection budget (``OpenOptions(io_concurrency=N)``). Each line
 holds the reader's MB/s (tensor bytes delivered) and the storage MB/s (bytes it fetched)
 next to ``bound_mb_per_s``: the profile's best for that budget and the run's own mean request
 size (bytes / requests, HEADs and LISTs included), i.e. every request of the run packed onto
@@ -31,19 +31,25 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-
+from trainfeed.benchmarks.ab.storagesim import EmulatedFileSystem
+from trainfeed.benchmarks.emulators import azurite
+from trainfeed.benchmarks.model.profiles import (
+    bound_mb_per_s,
+    calibration_key,
+    load_accelerator,
+    load_object_store,
+    model_flops,
+    save_object_store,
+    step_seconds,
+)
+from trainfeed.benchmarks.synth import VOLUME_SHAPE, generate_volumes
 from trainfeed.converters.convert import ConvertConfig, convert
 from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.formats.options import OpenOptions
 from trainfeed.converters.redact import redact, register_storage_options
 from trainfeed.converters.storage.filesystems import filesystem
 from trainfeed.training.metrics import environment
-from trainfeed.training.reading.readers import ReaderOptions, iter_batches, open_store
-
-from trainfeed.benchmarks.emulators import azurite
-from trainfeed.benchmarks.model.profiles import (bound_mb_per_s, calibration_key, load_accelerator, load_object_store, model_flops,
-                       save_object_store, step_seconds)
-from trainfeed.benchmarks.ab.storagesim import EmulatedFileSystem
-from trainfeed.benchmarks.synth import VOLUME_SHAPE, generate_volumes
+from trainfeed.training.reading.readers import EpochOptions, iter_batches, open_store
 
 MB = 10**6
 LAYOUTS = ("blob", "parquet", "delta", "hdf5")
@@ -86,17 +92,19 @@ def stats_of(options: dict) -> EmulatedFileSystem:
 
 
 def reader_options(connections: int, storage_options: dict, labels: str | None, batch_size: int,
-                   cache_dir: str | None = None) -> ReaderOptions:
-    return ReaderOptions(batch_size=batch_size, drop_last=False, io_concurrency=connections, labels_csv=labels,
-                         storage_options=storage_options, cache_dir=cache_dir)
+                   cache_dir: str | None = None) -> tuple[OpenOptions, EpochOptions]:
+    return (OpenOptions(io_concurrency=connections, labels=labels, storage_options=storage_options,
+                        cache_dir=cache_dir),
+            EpochOptions(batch_size=batch_size, drop_last=False))
 
 
-def read_epoch(url: str, layout: str, opts: ReaderOptions, epoch: int = 0) -> dict:
+def read_epoch(url: str, layout: str, options: tuple[OpenOptions, EpochOptions], epoch: int = 0) -> dict:
     """One epoch: seconds, samples and tensor bytes delivered; with the emulation's request counts."""
+    open_options, opts = options
     t0 = time.perf_counter()
-    store = open_store(url, layout, opts)
+    store = open_store(url, layout, open_options)
     opened = time.perf_counter() - t0
-    client = stats_of(opts.storage_options) if url.startswith("emulated://") else None
+    client = stats_of(open_options.storage_options) if url.startswith("emulated://") else None
     if client:
         client.reset_stats()
     t0 = time.perf_counter()

@@ -9,36 +9,36 @@ from typing import Any, Iterator
 import numpy as np
 
 from trainfeed.converters.errors import TrainfeedError
-from trainfeed.converters.sources.labels import resolve_labels
-from trainfeed.converters.layout import DatasetSchema
 from trainfeed.converters.formats.interface import Empty, Format, Where
-from trainfeed.converters.formats.options import Columns, Pieces, ReadRequest, pick_field
-from trainfeed.converters.sources.samples import SchemaGuard, load_sample
-from trainfeed.converters.storage.location import locate
-from trainfeed.converters.storage.fetch import CachingFileSystem, open_fetcher
-from trainfeed.converters.sources.listing import IMAGE, SourceFile, list_source, read_bytes
+from trainfeed.converters.formats.options import Columns, OpenOptions, Pieces, pick_field
+from trainfeed.converters.layout import DatasetSchema
 from trainfeed.converters.sources.decode import ImageOptions
+from trainfeed.converters.sources.labels import resolve_labels
+from trainfeed.converters.sources.listing import IMAGE, SourceFile, list_source, read_bytes
+from trainfeed.converters.sources.samples import SchemaGuard, load_sample
+from trainfeed.converters.storage.fetch import CachingFileSystem, open_fetcher
 from trainfeed.converters.storage.filesystems import is_local
+from trainfeed.converters.storage.location import locate
 
 UNIT = "files"
 
 
-def list_pieces(path, req: ReadRequest) -> Pieces:
+def list_pieces(path, options: OpenOptions) -> Pieces:
     """Every sample file, sorted by id; the schema from the first file, labels as convert takes them."""
-    fs, listing = list_source(str(path), req.storage_options)
+    fs, listing = list_source(str(path), options.storage_options)
     if not is_local(fs):  # reads share the connection budget (and the disk cache, if any)
-        fs = CachingFileSystem(open_fetcher(locate(str(path), req.storage_options), req.io_concurrency,
-                                            req.cache_dir, req.cache_limit,
+        fs = CachingFileSystem(open_fetcher(locate(str(path), options.storage_options), options.io_concurrency,
+                                            options.cache_dir, options.cache_limit,
                                             {f.path: f.identity for f in listing.files if f.identity}))
-    labels = resolve_labels(listing.files, labels_csv=req.labels_csv, storage_options=req.storage_options)
+    labels = resolve_labels(listing.files, labels_csv=options.labels, storage_options=options.storage_options)
     if labels.missing:
-        raise TrainfeedError(f"{path}: {len(labels.missing)} files have no label in {req.labels_csv}, "
+        raise TrainfeedError(f"{path}: {len(labels.missing)} files have no label in {options.labels}, "
                              f"e.g. {labels.missing[0]!r}")
     guard = SchemaGuard(listing.kind, ImageOptions())
     guard.check(listing.files[0].path, load_sample(fs, listing.kind, listing.files[0], labels, ImageOptions()))
     schema = DatasetSchema(fields=guard.specs, labeled=labels.by_id is not None, label_map=labels.label_map,
                            source=str(path), samples=len(listing.files))
-    return Pieces(schema, pick_field(schema, req.field_name, path), list(listing.files), [1] * len(listing.files),
+    return Pieces(schema, pick_field(schema, options.field, path), list(listing.files), [1] * len(listing.files),
                   [], extra={"fs": fs, "kind": listing.kind, "labels": labels})
 
 
@@ -79,9 +79,9 @@ class Blob(Format):
     def written_by_trainfeed(self, path: Where) -> bool:
         return False
 
-    def list_pieces(self, path: Where, req: ReadRequest) -> Pieces:
+    def list_pieces(self, path: Where, options: OpenOptions) -> Pieces:
         """``path`` as the user gave it (recorded as the schema's source)."""
-        return list_pieces(path, req)
+        return list_pieces(path, options)
 
     def read_piece(self, listing: Pieces, piece: Any, handles: dict, empty: Empty = np.empty) -> Columns:
         return read_piece(listing, piece, handles, empty)

@@ -23,17 +23,46 @@ import numpy as np
 import pyarrow as pa
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
-from trainfeed.converters.redact import redact_url
-from trainfeed.converters.layout import DATASET_META, ID, LABEL, DatasetSchema, arrow_schema, checked_schema, schema_from_arrow
 from trainfeed.converters.formats.interface import Empty, Format, Row, Where
-from trainfeed.converters.formats.options import (Columns, Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows,
-                                                  pick_field)
-from trainfeed.converters.storage.location import Location, as_location, check_delta_url
-from trainfeed.converters.formats.parquet import Part, file_pieces, ids_in, piece_file, row_group_samples, write_parts
-from trainfeed.converters.storage.upload import Uploader
+from trainfeed.converters.formats.options import (
+    Columns,
+    OpenOptions,
+    Pieces,
+    WriteOptions,
+    WriteResult,
+    check_declared_rows,
+    pick_field,
+)
+
 # A Delta table's files are Parquet: its codecs and its read side are Parquet's.
-from trainfeed.converters.formats.parquet import COMPRESSION_LEVELS, COMPRESSIONS, DEFAULT_COMPRESSION, UNIT, read_labels, read_piece, piece_span
+from trainfeed.converters.formats.parquet import (
+    COMPRESSION_LEVELS,
+    COMPRESSIONS,
+    DEFAULT_COMPRESSION,
+    UNIT,
+    Part,
+    file_pieces,
+    ids_in,
+    piece_file,
+    piece_span,
+    read_labels,
+    read_piece,
+    row_group_samples,
+    write_parts,
+)
+from trainfeed.converters.layout import (
+    DATASET_META,
+    ID,
+    LABEL,
+    DatasetSchema,
+    arrow_schema,
+    checked_schema,
+    schema_from_arrow,
+)
+from trainfeed.converters.redact import redact_url
 from trainfeed.converters.sources.decode import Sample
+from trainfeed.converters.storage.location import Location, as_location, check_delta_url
+from trainfeed.converters.storage.upload import Uploader
 
 if TYPE_CHECKING:
     from deltalake import CommitProperties, DeltaTable, WriterProperties
@@ -274,14 +303,14 @@ def _recheck(loc: Location, since_version: int, ids: list[str]) -> DeltaTable:
 
 def live_ids(path, version: int | None = None) -> set[str]:
     """Every sample id in the table's snapshot at ``version`` (the latest when None)."""
-    listing = list_pieces(as_location(path), ReadRequest(version=version))
+    listing = list_pieces(as_location(path), OpenOptions(version=version))
     return ids_in(listing, listing.files)
 
 
 def ids_added_since(path, version: int, since: int) -> set[str]:
     """Ids in the live files of ``version`` that were not live at ``since``."""
-    now = list_pieces(as_location(path), ReadRequest(version=version))
-    before = set(list_pieces(as_location(path), ReadRequest(version=since)).files)
+    now = list_pieces(as_location(path), OpenOptions(version=version))
+    before = set(list_pieces(as_location(path), OpenOptions(version=since)).files)
     return ids_in(now, [f for f in now.files if f not in before])
 
 
@@ -391,17 +420,17 @@ def data_files(path, version: int | None = None, storage_options: dict[str, str]
 def read_samples(path, version: int | None = None, storage_options: dict[str, str] | None = None) -> Iterator[tuple]:
     """Every sample of the snapshot with all its fields (what ``--verify`` compares): the pieces
     training reads. ``path``: a local path, URL or Location (``storage_options`` in fsspec's names)."""
-    return row_group_samples(list_pieces(as_location(path, storage_options), ReadRequest(version=version)))
+    return row_group_samples(list_pieces(as_location(path, storage_options), OpenOptions(version=version)))
 
 
-def list_pieces(path, req: ReadRequest) -> Pieces:
-    """The row groups of the live snapshot's files (at ``req.version`` if given), from the log;
+def list_pieces(path, options: OpenOptions) -> Pieces:
+    """The row groups of the live snapshot's files (at ``options.version`` if given), from the log;
     on object storage the log is read by delta-rs and the data files through fsspec."""
-    loc = as_location(path, req.storage_options)
-    table, files, sizes = live_files(loc, req.version)
-    schema = read_schema(loc, req.version)
-    spec = pick_field(schema, req.field_name, loc.shown)
-    listing = file_pieces(loc, schema, spec, files, sizes, req)
+    loc = as_location(path, options.storage_options)
+    table, files, sizes = live_files(loc, options.version)
+    schema = read_schema(loc, options.version)
+    spec = pick_field(schema, options.field, loc.shown)
+    listing = file_pieces(loc, schema, spec, files, sizes, options)
     listing.version = table.version()
     check_declared_rows(loc.shown, listing, {}, piece_file)
     return listing
@@ -456,8 +485,8 @@ class Delta(Format):
     def data_files(self, path: Where) -> list[str]:
         return data_files(path)
 
-    def list_pieces(self, path: Where, req: ReadRequest) -> Pieces:
-        return list_pieces(path, req)
+    def list_pieces(self, path: Where, options: OpenOptions) -> Pieces:
+        return list_pieces(path, options)
 
     def read_piece(self, listing: Pieces, piece: Any, handles: dict, empty: Empty = np.empty) -> Columns:
         return read_piece(listing, piece, handles, empty)

@@ -17,14 +17,20 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow.parquet as pq
 
-from trainfeed.converters.formats import delta, parquet
 from trainfeed.converters.errors import TrainfeedError
-from trainfeed.converters.formats.foreign import ForeignSchema, check_columns, decode_ids, decode_tensors, resolve_encoding
+from trainfeed.converters.formats import delta, parquet
+from trainfeed.converters.formats.foreign import (
+    ForeignSchema,
+    check_columns,
+    decode_ids,
+    decode_tensors,
+    resolve_encoding,
+)
+from trainfeed.converters.formats.interface import Empty, PieceReader
+from trainfeed.converters.formats.options import Columns, OpenOptions, Pieces, labels_array
+from trainfeed.converters.formats.parquet import read_row_group
 from trainfeed.converters.storage.location import Location
 from trainfeed.converters.storage.native import Identity
-from trainfeed.converters.formats.interface import Empty, PieceReader
-from trainfeed.converters.formats.options import Columns, Pieces, ReadRequest, labels_array
-from trainfeed.converters.formats.parquet import read_row_group
 
 UNIT = parquet.UNIT
 piece_file = parquet.piece_file
@@ -40,19 +46,19 @@ class ForeignRead:
     first_rows: dict
 
 
-def list_pieces(loc: Location, fmt: str, req: ReadRequest, foreign: ForeignSchema) -> Pieces:
+def list_pieces(loc: Location, fmt: str, options: OpenOptions, foreign: ForeignSchema) -> Pieces:
     """The row groups of the table at ``loc`` (``fmt``: parquet or delta), every file's columns
     checked against ``foreign``, and the first row group decoded (its values must fit too)."""
     schema = foreign.dataset_schema(loc.shown)
     spec = schema.fields[0]
     if fmt == "delta":
-        table, files, sizes = delta.live_files(loc, req.version)
-        listing = parquet.file_pieces(loc, schema, spec, files, sizes, req)
+        table, files, sizes = delta.live_files(loc, options.version)
+        listing = parquet.file_pieces(loc, schema, spec, files, sizes, options)
         listing.version = table.version()
     else:
         files, objects = _parquet_files(loc)
         sizes = objects and {f: o.size for f, o in objects.items()}
-        listing = parquet.file_pieces(loc, schema, spec, files, sizes, req, objects)
+        listing = parquet.file_pieces(loc, schema, spec, files, sizes, options, objects)
     if not listing.pieces or not sum(listing.rows):
         raise TrainfeedError(f"{loc.shown}: the table holds no rows")
     for f in listing.files:

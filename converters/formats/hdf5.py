@@ -18,15 +18,22 @@ import h5py
 import numpy as np
 
 from trainfeed.converters.errors import TrainfeedError
-from trainfeed.converters.layout import DATASET_META, ID, LABEL, MANIFEST, DatasetSchema, checked_schema
-from trainfeed.converters.formats.interface import Empty, Format, Row, Where
-from trainfeed.converters.formats.options import (Columns, Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows,
-                                                  pick_field)
-from trainfeed.converters.storage.location import Location, as_location
-from trainfeed.converters.formats.manifest import read_manifest
-from trainfeed.converters.storage.fetch import Fetcher, RangeFile, open_fetcher
 from trainfeed.converters.formats.hdf5_writer import FORMAT, SUFFIXES, is_single_file, write
+from trainfeed.converters.formats.interface import Empty, Format, Row, Where
+from trainfeed.converters.formats.manifest import read_manifest
+from trainfeed.converters.formats.options import (
+    Columns,
+    OpenOptions,
+    Pieces,
+    WriteOptions,
+    WriteResult,
+    check_declared_rows,
+    pick_field,
+)
+from trainfeed.converters.layout import DATASET_META, ID, LABEL, MANIFEST, DatasetSchema, checked_schema
 from trainfeed.converters.sources.decode import Sample
+from trainfeed.converters.storage.fetch import Fetcher, RangeFile, open_fetcher
+from trainfeed.converters.storage.location import Location, as_location
 
 UNIT = "chunk slices"
 COMPRESSIONS = ("none", "lzf", "gzip")
@@ -72,11 +79,11 @@ class Opener:
         self.fetcher, self.sizes = fetcher, sizes or {}
 
     @classmethod
-    def at(cls, loc: Location, req: ReadRequest = ReadRequest()) -> "Opener":
+    def at(cls, loc: Location, options: OpenOptions = OpenOptions()) -> "Opener":
         if loc.local:
             return cls()
         objects = {loc.path: loc.identity()} if loc.is_file() else loc.objects()
-        return cls(open_fetcher(loc, req.io_concurrency, req.cache_dir, req.cache_limit, objects),
+        return cls(open_fetcher(loc, options.io_concurrency, options.cache_dir, options.cache_limit, objects),
                    {f: o.size for f, o in objects.items()})
 
     def open(self, f: str) -> tuple[h5py.File, RangeFile | None]:
@@ -122,7 +129,7 @@ def read_schema(path, opener: Opener | None = None) -> DatasetSchema:
 def read_samples(path, storage_options: dict | None = None) -> Iterator[tuple[str, int | None, dict]]:
     """Every sample with all its fields, in write order (what ``--verify`` compares): the
     pieces training reads (slices of whole chunks, plain h5py)."""
-    listing = list_pieces(as_location(path, storage_options), ReadRequest())
+    listing = list_pieces(as_location(path, storage_options), OpenOptions())
     schema, opener = listing.schema, listing.extra["opener"]
     handles: dict = {}
     for f, start, stop in listing.pieces:
@@ -139,13 +146,13 @@ def read_samples(path, storage_options: dict | None = None) -> Iterator[tuple[st
 
 # ------------------------------------------------------------------ read side
 
-def list_pieces(path, req: ReadRequest) -> Pieces:
+def list_pieces(path, options: OpenOptions) -> Pieces:
     """Chunk-aligned slices of every file (whole chunks, >= MIN_PIECE_ROWS samples each),
     checked: datasets of equal length, the schema's shapes, the manifest's counts."""
-    loc = as_location(path, req.storage_options)
-    opener = Opener.at(loc, req)
+    loc = as_location(path, options.storage_options)
+    opener = Opener.at(loc, options)
     schema = read_schema(loc, opener)
-    spec = pick_field(schema, req.field_name, loc.shown)
+    spec = pick_field(schema, options.field, loc.shown)
     files = data_files(loc)
     pieces, rows = [], []
     for f in files:
@@ -274,8 +281,8 @@ class Hdf5(Format):
     def data_files(self, path: Where) -> list[str]:
         return data_files(path)
 
-    def list_pieces(self, path: Where, req: ReadRequest) -> Pieces:
-        return list_pieces(path, req)
+    def list_pieces(self, path: Where, options: OpenOptions) -> Pieces:
+        return list_pieces(path, options)
 
     def read_piece(self, listing: Pieces, piece: Any, handles: dict, empty: Empty = np.empty) -> Columns:
         return read_piece(listing, piece, handles, empty)

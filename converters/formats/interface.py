@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Mapping, Protocol, Union, runtime_ch
 import numpy as np
 
 from trainfeed.converters.errors import UsageError
-from trainfeed.converters.formats.options import Columns, Pieces, ReadRequest, WriteOptions, WriteResult
+from trainfeed.converters.formats.options import Columns, OpenOptions, Pieces, WriteOptions, WriteResult
 from trainfeed.converters.layout import DatasetSchema
 from trainfeed.converters.sources.decode import Sample
 from trainfeed.converters.storage.location import Location
@@ -143,7 +143,7 @@ class Format(PieceReader, Protocol):
         raise UsageError(f"{self.label} ({self.name}) has no data files of its own")
 
     # ------------------------------------------------------------------ read side
-    def list_pieces(self, path: Where, req: ReadRequest) -> Pieces:
+    def list_pieces(self, path: Where, options: OpenOptions) -> Pieces:
         """The store's pieces in a stable order, with the rows each holds, checked against
         what the store declares: enough to plan an epoch without reading any data."""
         ...

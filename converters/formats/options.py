@@ -1,15 +1,20 @@
-"""What every format module shares: write options and results, the read side's piece list
-and the columns one piece reads into, and size parsing for the CLI."""
+"""What every format module shares: write options and results, the options a store is opened
+with, the read side's piece list and the columns one piece reads into, and size parsing for the CLI."""
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
+from trainfeed.converters.formats.foreign import ForeignSchema
 from trainfeed.converters.layout import DatasetSchema, FieldSpec
+from trainfeed.converters.storage.fetch import DEFAULT_IO_CONCURRENCY
+
+OptionsT = TypeVar("OptionsT")
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
@@ -49,17 +54,47 @@ class WriteResult:
 # ------------------------------------------------------------------ read side
 
 @dataclass(frozen=True)
-class ReadRequest:
-    """What a reader asks of a format module's ``list_pieces``."""
+class OpenOptions:
+    """What opening a store needs (``trainfeed.open_store``, ``train``'s store options, a
+    format's ``list_pieces``). Frozen and picklable: an opened store keeps the options it was
+    opened with, and DataLoader worker processes receive them with it."""
 
-    field_name: str | None = None  # tensor field to read; default: the first one
-    version: int | None = None  # Delta: the table version
-    labels_csv: str | None = None  # blob: labels as convert takes them
-    storage_options: dict = field(default_factory=dict)
+    version: int | None = None  # Delta: the table version to read; None: the latest
+    field: str | None = None  # the tensor field batches deliver as x; None: the store's first
+    labels: str | None = None  # a folder of small files: a CSV (id,label) of their labels, as convert takes it
+    storage_options: dict = dataclasses.field(default_factory=dict)  # object storage credentials and settings
     # stores on object storage (see converters/storage/fetch.py)
-    io_concurrency: int = 8  # range requests in flight for the whole reader
-    cache_dir: str | None = None  # keep what is read here, so that later epochs read local disk
+    io_concurrency: int = DEFAULT_IO_CONCURRENCY  # range requests in flight for the whole reader
+    cache_dir: str | None = None  # keep what is read here (a local folder), so that later epochs read local disk
     cache_limit: int = 10 * 10**9  # bytes the cache may hold
+    image_size: tuple[int, int] | None = None  # encoded images: (height, width) to decode to; None: the store's size
+    foreign: ForeignSchema | None = None  # a Parquet/Delta table another tool wrote: its columns and tensor encoding
+
+
+def merge_options(cls: type[OptionsT], options: OptionsT | None, keywords: dict[str, Any]) -> OptionsT:
+    """One options object from an API call's ``options=`` and its keywords: ``cls(**keywords)``
+    without an object; with one, the object itself, and a keyword that is not at ``cls``'s
+    default and differs from the object's value is refused (the two would disagree)."""
+    if options is None:
+        return cls(**keywords)
+    if not isinstance(options, cls):
+        raise UsageError(f"options must be a {cls.__name__}, not {type(options).__name__}")
+    defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+                for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    conflicts = [name for name, value in keywords.items()
+                 if _differs(value, defaults[name]) and _differs(value, getattr(options, name))]
+    if conflicts:
+        raise UsageError(f"both options= ({cls.__name__}) and keywords that differ from it were given: "
+                         + ", ".join(f"{name}={keywords[name]!r} (options has {getattr(options, name)!r})"
+                                     for name in conflicts)
+                         + f"; set them in the {cls.__name__} or leave the keywords out")
+    return options
+
+
+def _differs(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return tuple(a) != tuple(b)
+    return bool(a != b)
 
 
 @dataclass

@@ -18,15 +18,32 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trainfeed.converters.errors import TrainfeedError
-from trainfeed.converters.layout import ID, LABEL, MANIFEST, DatasetSchema, FieldSpec, arrow_schema, from_record_batch, to_record_batch
 from trainfeed.converters.formats.interface import Empty, Format, Row, Where
 from trainfeed.converters.formats.manifest import read_manifest, write_manifest
-from trainfeed.converters.formats.options import (Columns, Pieces, ReadRequest, WriteOptions, WriteResult, check_declared_rows, labels_array,
-                      pick_field)
-from trainfeed.converters.storage.location import Location, as_location
-from trainfeed.converters.storage.fetch import Fetcher, RangeFile, open_fetcher
-from trainfeed.converters.storage.native import Identity
+from trainfeed.converters.formats.options import (
+    Columns,
+    OpenOptions,
+    Pieces,
+    WriteOptions,
+    WriteResult,
+    check_declared_rows,
+    labels_array,
+    pick_field,
+)
+from trainfeed.converters.layout import (
+    ID,
+    LABEL,
+    MANIFEST,
+    DatasetSchema,
+    FieldSpec,
+    arrow_schema,
+    from_record_batch,
+    to_record_batch,
+)
 from trainfeed.converters.sources.decode import Sample
+from trainfeed.converters.storage.fetch import Fetcher, RangeFile, open_fetcher
+from trainfeed.converters.storage.location import Location, as_location
+from trainfeed.converters.storage.native import Identity
 
 FORMAT = "parquet"
 UNIT = "row groups"
@@ -166,7 +183,7 @@ def read_schema(path) -> DatasetSchema:
 def read_samples(path, storage_options: dict | None = None) -> Iterator[tuple[str, int | None, dict]]:
     """Every sample with all its fields, in write order (what ``--verify`` compares): the
     pieces training reads, one row group at a time (plain pyarrow, no Petastorm)."""
-    return row_group_samples(list_pieces(as_location(path, storage_options), ReadRequest()))
+    return row_group_samples(list_pieces(as_location(path, storage_options), OpenOptions()))
 
 
 def row_group_samples(listing: Pieces) -> Iterator[tuple[str, int | None, dict]]:
@@ -177,22 +194,23 @@ def row_group_samples(listing: Pieces) -> Iterator[tuple[str, int | None, dict]]
 
 # ------------------------------------------------------------------ read side (shared with Delta)
 
-def list_pieces(path, req: ReadRequest) -> Pieces:
+def list_pieces(path, options: OpenOptions) -> Pieces:
     """Every row group of the manifest's parts, file by file, checked against the manifest's counts."""
-    loc = as_location(path, req.storage_options)
+    loc = as_location(path, options.storage_options)
     manifest = read_manifest(loc, FORMAT)
     schema = DatasetSchema.from_dict(manifest["schema"])
-    spec = pick_field(schema, req.field_name, loc.shown)
+    spec = pick_field(schema, options.field, loc.shown)
     files = [loc.file(p["file"]) for p in manifest["parts"]]
     objects = None if loc.local else loc.objects()
-    listing = file_pieces(loc, schema, spec, files, objects and {f: o.size for f, o in objects.items()}, req, objects)
+    sizes = objects and {f: o.size for f, o in objects.items()}
+    listing = file_pieces(loc, schema, spec, files, sizes, options, objects)
     declared = {loc.file(part["file"]): part.get("rows") for part in manifest["parts"]}
     check_declared_rows(loc.shown, listing, declared, piece_file)
     return listing
 
 
 def file_pieces(loc: Location, schema: DatasetSchema, spec: FieldSpec, files: list[str], sizes: dict[str, int] | None,
-                req: ReadRequest, identities: dict[str, Identity] | None = None) -> Pieces:
+                options: OpenOptions, identities: dict[str, Identity] | None = None) -> Pieces:
     """The row groups of ``files`` in ``loc``: read locally, or on object storage through range
     requests (``sizes``: each file's size, from the caller's listing or log; ``identities``:
     each object's version, else one listing of ``loc`` gives them)."""
@@ -202,7 +220,8 @@ def file_pieces(loc: Location, schema: DatasetSchema, spec: FieldSpec, files: li
     identities = loc.objects() if identities is None else identities
     versions = {f: identities.get(f) or Identity(sizes[f]) for f in files if f in sizes}
     return remote_row_group_pieces(schema, spec, files, sizes,
-                                   open_fetcher(loc, req.io_concurrency, req.cache_dir, req.cache_limit, versions))
+                                   open_fetcher(loc, options.io_concurrency, options.cache_dir, options.cache_limit,
+                                                versions))
 
 
 def row_group_pieces(schema: DatasetSchema, spec: FieldSpec, files: list[str]) -> Pieces:
@@ -362,8 +381,8 @@ class Parquet(Format):
     def data_files(self, path: Where) -> list[str]:
         return data_files(path)
 
-    def list_pieces(self, path: Where, req: ReadRequest) -> Pieces:
-        return list_pieces(path, req)
+    def list_pieces(self, path: Where, options: OpenOptions) -> Pieces:
+        return list_pieces(path, options)
 
     def read_piece(self, listing: Pieces, piece: Any, handles: dict, empty: Empty = np.empty) -> Columns:
         return read_piece(listing, piece, handles, empty)

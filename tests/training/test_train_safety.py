@@ -12,9 +12,9 @@ import h5py
 import numpy as np
 import pytest
 
-from trainfeed.converters.errors import TrainfeedError
 from tests.conftest import run_cli, write_volumes
-from trainfeed.training.reading.readers import ReaderOptions, iter_batches, open_store
+from trainfeed.converters.errors import TrainfeedError
+from trainfeed.training.reading.readers import EpochOptions, iter_batches, open_store
 
 SHAPE = (4, 4, 2, 1)
 N = 16
@@ -421,7 +421,7 @@ def test_hdf5_file_shrinking_after_open_stops_the_epoch(tmp_path):
         h5["label"].resize(N - 4, axis=0)
     with pytest.raises(TrainfeedError, match=f"{store}: read {N} ids, {N - 4} labels and {N} samples where {N} "
                                              "were listed"):
-        list(iter_batches(opened, ReaderOptions(batch_size=4, workers=1)))
+        list(iter_batches(opened, EpochOptions(batch_size=4, workers=1, drop_last=True)))
 
 
 # ---------------------------------------------------------------- 8. secrets

@@ -13,15 +13,13 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from trainfeed.converters.progress import progress_bar
-
 from trainfeed.training.config import TrainConfig, check
 from trainfeed.training.loops.output import RunFiles, notice, summarize
-from trainfeed.training.loops.plan import Plan, as_model_input, check_labels, eval_options, plan
+from trainfeed.training.loops.plan import Plan, as_model_input, check_labels, eval_epoch, plan
 from trainfeed.training.loops.resume import Position, Preemption, after_step, checkpoint_signature
 from trainfeed.training.metrics import StepTimer, UtilizationSampler, record
 from trainfeed.training.reading.prefetch import Prefetcher
 from trainfeed.training.reading.readers import Batch, iter_batches
-
 
 #: A batch as one framework's step takes it (``to_inputs`` makes it, ``step`` takes it).
 Inputs = TypeVar("Inputs")
@@ -132,8 +130,8 @@ def _batches(cfg: TrainConfig, p: Plan, epoch: int, first: int):
     if cfg.data_service:  # read + decode + augment on the tf.data service's workers (no resume: first is 0)
         from trainfeed.training.reading.service_input import iter_batches as service_batches
 
-        return service_batches(p.store, p.reader, epoch, cfg.data_service)
-    return iter_batches(p.store, p.reader, epoch, start_batch=first)  # a resume reads no earlier piece
+        return service_batches(p.store, p.epoch, epoch, cfg.data_service)
+    return iter_batches(p.store, p.epoch, epoch, start_batch=first)  # a resume reads no earlier piece
 
 
 def _start(cfg: TrainConfig, p: Plan, fw: Framework[Any], signature: str | None) -> Position:
@@ -153,7 +151,7 @@ def evaluate(cfg: TrainConfig, p: Plan, fw: Framework[Any]) -> dict:
     """Accuracy on the held-out store (every sample once, no shuffling)."""
     assert p.eval_store is not None, "evaluated only with --eval-data"
     correct = total = 0
-    for batch in iter_batches(p.eval_store, eval_options(cfg, p.store.spec.name)):
+    for batch in iter_batches(p.eval_store, eval_epoch(cfg)):
         correct += int((fw.predict(as_model_input(batch, p.input_shape)) == batch.y).sum())
         total += len(batch.ids)
     return {"store": cfg.eval_data, "samples": total, "accuracy": round(correct / total, 4) if total else None}

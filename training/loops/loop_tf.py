@@ -10,14 +10,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 from trainfeed.converters.errors import TrainfeedError  # noqa: E402
-
 from trainfeed.training.config import TrainConfig  # noqa: E402
-from trainfeed.training.reading.readers import Batch, ReaderOptions, Store, iter_batches  # noqa: E402
 from trainfeed.training.loops.plan import Plan, as_model_input  # noqa: E402
 from trainfeed.training.loops.resume import CHECKPOINT_FORMAT, Position  # noqa: E402
+from trainfeed.training.reading.readers import Batch, EpochOptions, Store, iter_batches  # noqa: E402
 
 
-def tf_dataset(store: Store, opts: ReaderOptions, epoch: int = 0, start_batch: int = 0, prefetch: int = 2):
+def tf_dataset(store: Store, opts: EpochOptions, epoch: int = 0, start_batch: int = 0, prefetch: int = 2):
     """One epoch of a store as a ``tf.data.Dataset`` of (x, y) batches, x in the stored sample
     shape, from batch ``start_batch`` on (earlier batches are not read)."""
     import tensorflow as tf

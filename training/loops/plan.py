@@ -10,13 +10,13 @@ from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.layout import FieldSpec
 from trainfeed.training.config import TrainConfig, distributed_env
 from trainfeed.training.reading.readers import check_sharding, label_bounds, open_store
-from trainfeed.training.reading.store import Batch, ReaderOptions, Store
+from trainfeed.training.reading.store import Batch, EpochOptions, Store
 
 
 @dataclass
 class Plan:
     store: Store
-    reader: ReaderOptions
+    epoch: EpochOptions  # how this rank reads a training epoch
     steps_per_epoch: int
     num_classes: int
     input_shape: tuple[int, ...]  # of one sample as the model takes it (channels last)
@@ -26,27 +26,25 @@ class Plan:
     notes: list[str] = field(default_factory=list)  # said on stderr before training (what the data is read as)
 
 
-def reader_options(cfg: TrainConfig, rank: int = 0, world: int = 1, shuffle: bool = True) -> ReaderOptions:
-    return ReaderOptions(batch_size=cfg.batch_size, workers=cfg.workers, shuffle=shuffle, seed=cfg.seed,
-                         shuffle_buffer=cfg.shuffle_buffer, pool=cfg.pool, shard=rank, num_shards=world,
-                         delta_version=cfg.delta_version, field_name=cfg.field_name, labels_csv=cfg.labels_csv,
-                         storage_options=cfg.storage_options, io_concurrency=cfg.io_concurrency,
-                         cache_dir=cfg.cache_dir, cache_limit=cfg.cache_limit, image_size=cfg.image_size,
-                         augment=cfg.augment, foreign=cfg.foreign)
+def train_epoch(cfg: TrainConfig, rank: int = 0, world: int = 1) -> EpochOptions:
+    """This rank's training epochs. The loop's own choice, not a default: it drops a last,
+    smaller batch, since it runs ``check_sharding``'s full batches only (rows // batch_size,
+    the same number on every rank) and a short batch would be read for nothing (or, from the
+    tf.data service, delivered before the epoch's end)."""
+    return replace(cfg.epoch_options(rank, world), drop_last=True)
 
 
-def eval_options(cfg: TrainConfig, field_name: str) -> ReaderOptions:
-    """The held-out store: every sample once, in order, on the field the model trains on."""
-    return replace(reader_options(cfg, shuffle=False), drop_last=False, delta_version=None, labels_csv=None,
-                   field_name=field_name, augment=False)
+def eval_epoch(cfg: TrainConfig) -> EpochOptions:
+    """The held-out store: every sample once, in order, not augmented."""
+    return replace(cfg.epoch_options(), shuffle=False, drop_last=False, augment=False)
 
 
 def plan(cfg: TrainConfig) -> Plan:
     """Everything checked before the first step: the training store, the steps, the
     warm-up, and the --eval-data store."""
     rank, world, _ = distributed_env()
-    opts = reader_options(cfg, rank, world)
-    store = open_store(cfg.data, cfg.fmt, opts)
+    opts = train_epoch(cfg, rank, world)
+    store = open_store(cfg.data, cfg.fmt, cfg.open_options(), opts.pool)
     if cfg.image_size is not None and store.images is None:
         raise UsageError(f"--image-size applies to encoded images (JPEG/PNG); {store.path} holds "
                          f"{store.spec.dtype} arrays of shape {_shape(store.spec)}")
@@ -136,7 +134,9 @@ def open_eval_store(cfg: TrainConfig, p: Plan) -> Store:
     """The --eval-data store, refused before training unless the trained model can score it:
     same field, sample shape and dtype, labeled, labels within the model's classes."""
     assert cfg.eval_data is not None, "opened only with --eval-data"
-    store = open_store(cfg.eval_data, None, eval_options(cfg, p.store.spec.name))
+    # the field the model trains on; its labels and version are --data's, not this store's
+    opened = replace(cfg.open_options(), version=None, labels=None, field=p.store.spec.name)
+    store = open_store(cfg.eval_data, None, opened, cfg.pool)
     shape, train, held_out = model_input_shape(store, cfg), p.store.sample_spec, store.sample_spec
     if shape != p.input_shape or held_out.dtype != train.dtype:
         raise TrainfeedError(f"{cfg.eval_data}: --eval-data field {held_out.name!r} holds {held_out.dtype} "

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import numpy as np
 
 from trainfeed.converters.errors import TrainfeedError
-from trainfeed.converters.layout import ID, LABEL, FieldSpec, decode_tensor
 from trainfeed.converters.formats.options import labels_array
+from trainfeed.converters.layout import ID, LABEL, FieldSpec, decode_tensor
 
 if TYPE_CHECKING:
-    from trainfeed.training.reading.store import ReaderOptions, Store
+    from trainfeed.training.reading.store import EpochOptions, Store
 
 POOLS = ("sharded", "process", "thread", "dummy")
 INSTALL = "pip install 'trainfeed[petastorm]'"
@@ -39,7 +39,7 @@ def make_batch_reader():
     return petastorm.make_batch_reader
 
 
-def _reader(store: Store, opts: ReaderOptions, epoch: int, pool: str, workers: int, cur_shard: int, shard_count: int):
+def _reader(store: Store, opts: EpochOptions, epoch: int, pool: str, workers: int, cur_shard: int, shard_count: int):
     urls = ["file://" + os.path.abspath(f) if "://" not in f else f for f in store.extra["files"]]
     kwargs = dict(cur_shard=cur_shard, shard_count=shard_count) if shard_count > 1 else {}
     return make_batch_reader()(urls, schema_fields=[ID, LABEL, store.spec.name], num_epochs=1,
@@ -112,7 +112,7 @@ def _merge_in_threads(sources: Sequence[Callable[[], Iterator]], depth: int = 4)
             t.join(10)
 
 
-def rows(store: Store, opts: ReaderOptions, epoch: int) -> Iterator[tuple[list, np.ndarray, np.ndarray]]:
+def rows(store: Store, opts: EpochOptions, epoch: int) -> Iterator[tuple[list, np.ndarray, np.ndarray]]:
     """Petastorm ``make_batch_reader`` rows of this rank's shard.
 
     pool "sharded": W single-threaded Petastorm readers, each on a disjoint sub-shard of the
@@ -149,7 +149,7 @@ def rows(store: Store, opts: ReaderOptions, epoch: int) -> Iterator[tuple[list, 
                              f"while training); use --reader-pool arrow (the default), sharded, process or dummy")
 
 
-def batches(store: Store, opts: ReaderOptions, epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray, list[str]]]:
+def batches(store: Store, opts: EpochOptions, epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray, list[str]]]:
     """One epoch as (x, y, ids): rows sit in a seeded buffer as views into what Petastorm
     produced; a shuffled batch draws random rows from it (swap-remove) and stacks them."""
     rng = np.random.default_rng((opts.seed, epoch, 1))

@@ -9,7 +9,7 @@ per sample; resumable at any batch without re-reading). The Petastorm pools ("sh
 "process", "thread", "dummy") read Parquet and Delta stores through Petastorm, an optional
 extra (``training/reading/petastorm_reader.py``); HDF5 and blob stores always use the engine.
 
-A Parquet or Delta table another tool wrote is read when ``ReaderOptions.foreign`` names its
+A Parquet or Delta table another tool wrote is read when ``OpenOptions.foreign`` names its
 columns (``converters/formats/foreign_table.py``): the same row-group pieces and engine, arrow pool only.
 
 Every reader shards by rank the same way (pieces -> ``index % num_shards == shard``).
@@ -27,18 +27,17 @@ from typing import Iterator
 
 import numpy as np
 
-from trainfeed.converters.formats import foreign_table
-from trainfeed.converters.storage import fetch
 from trainfeed.converters.errors import TrainfeedError, UsageError
+from trainfeed.converters.formats import foreign_table
 from trainfeed.converters.formats.foreign import HINT as FOREIGN_HINT
-from trainfeed.converters.storage.location import Location, is_remote, locate
-from trainfeed.converters.formats.options import Columns, ReadRequest
 from trainfeed.converters.formats.interface import Format
-from trainfeed.converters.formats.registry import (DATA_SUFFIXES, FORMATS as REGISTRY, IN_PLACE, TABLE_SUFFIXES, detect_format,
-                                                   detect_table)
-
+from trainfeed.converters.formats.options import Columns, OpenOptions
+from trainfeed.converters.formats.registry import DATA_SUFFIXES, IN_PLACE, TABLE_SUFFIXES, detect_format, detect_table
+from trainfeed.converters.formats.registry import FORMATS as REGISTRY
+from trainfeed.converters.storage import fetch
+from trainfeed.converters.storage.location import Location, is_remote, locate
 from trainfeed.training.reading import engine, images, petastorm_reader
-from trainfeed.training.reading.store import Batch, ReaderOptions, Store
+from trainfeed.training.reading.store import Batch, EpochOptions, Store
 
 FORMATS = tuple(REGISTRY)
 POOLS = ("arrow", *petastorm_reader.POOLS)
@@ -49,38 +48,37 @@ def detect(path: str, storage_options: dict | None = None) -> str:
     return detect_format(path, storage_options) or IN_PLACE
 
 
-def open_store(path: str, fmt: str | None = None, opts: ReaderOptions = ReaderOptions()) -> Store:
+def open_store(path: str, fmt: str | None = None, opts: OpenOptions = OpenOptions(), pool: str = "arrow") -> Store:
     """Open ``path`` (a local path or a URL: abfs://, az://, abfss://, s3://, gs://, file://)
-    as ``fmt`` (detected when None) and list its pieces."""
+    as ``fmt`` (detected when None) and list its pieces. ``pool``: the reader pool its epochs
+    will be read with (``EpochOptions.pool``), checked against the store before anything is read."""
     if fmt is not None and fmt not in REGISTRY:
         raise UsageError(f"--format must be one of {', '.join(REGISTRY)}, not {fmt!r}")
-    if opts.pool not in POOLS:
-        raise UsageError(f"--reader-pool must be one of {', '.join(POOLS)}, not {opts.pool!r}")
+    if pool not in POOLS:
+        raise UsageError(f"--reader-pool must be one of {', '.join(POOLS)}, not {pool!r}")
     if opts.io_concurrency < 1:
         raise UsageError(f"--io-concurrency must be at least 1, not {opts.io_concurrency}")
     remote = is_remote(path)
     if opts.foreign is not None:
-        fmt = _foreign_format(path, fmt, opts)
+        fmt = _foreign_format(path, fmt, opts, pool)
     detected = fmt is None
     fmt = fmt or detect(path, opts.storage_options)
     module = REGISTRY[fmt]
-    if opts.delta_version is not None and not module.versioned:
+    if opts.version is not None and not module.versioned:
         raise UsageError(f"--delta-version applies to Delta tables only; {path} is a {fmt} store")
-    if remote and opts.pool != "arrow" and module.parquet_files:
-        raise UsageError(f"--reader-pool {opts.pool}: Petastorm reads local stores only; stores on object storage "
+    if remote and pool != "arrow" and module.parquet_files:
+        raise UsageError(f"--reader-pool {pool}: Petastorm reads local stores only; stores on object storage "
                          "are read by the default pool, arrow")
     location = locate(path, opts.storage_options)
     if module.writable and not location.exists():
         raise TrainfeedError(f"{location.shown}: store not found")
     if detected and module.in_place:
         _check_sample_folder(location)
-    request = ReadRequest(opts.field_name, opts.delta_version, opts.labels_csv, opts.storage_options,
-                          opts.io_concurrency, opts.cache_dir, opts.cache_limit)
     try:
         if opts.foreign is not None:
-            listing = foreign_table.list_pieces(location, fmt, request, opts.foreign)
+            listing = foreign_table.list_pieces(location, fmt, opts, opts.foreign)
         else:
-            listing = module.list_pieces(path if module.in_place else location, request)
+            listing = module.list_pieces(path if module.in_place else location, opts)
     except TrainfeedError:
         raise
     except (OSError, ValueError, KeyError) as exc:
@@ -89,27 +87,27 @@ def open_store(path: str, fmt: str | None = None, opts: ReaderOptions = ReaderOp
     store_path = path if remote or not module.writable else location.path
     store = Store(store_path, fmt, listing.schema, listing.spec, listing.pieces, listing.rows, listing.version,
                   {**listing.extra, "files": listing.files, "listing": listing, "root": location.path},
-                  local=not remote, foreign=opts.foreign)
+                  local=not remote, options=opts)
     if not listing.spec.is_raw:
-        if uses_petastorm(store, opts):
-            raise UsageError(f"--reader-pool {opts.pool}: {location.shown} holds encoded images, which the default "
+        if uses_petastorm(store, pool):
+            raise UsageError(f"--reader-pool {pool}: {location.shown} holds encoded images, which the default "
                              "pool, arrow, decodes; Petastorm pools read raw tensors only")
         store.images = images.plan(listing.spec, opts.image_size, lambda: _first_image(store))
     return store
 
 
-def _foreign_format(path: str, fmt: str | None, opts: ReaderOptions) -> str:
+def _foreign_format(path: str, fmt: str | None, opts: OpenOptions, pool: str) -> str:
     """The format of a table read with ``opts.foreign``: Parquet or Delta (detected by its log),
     and what does not combine with reading one."""
     if fmt is not None and not REGISTRY[fmt].parquet_files:
         raise UsageError(f"--tensor-column reads Parquet and Delta tables, not --format {fmt}")
-    if opts.pool != "arrow":
-        raise UsageError(f"--reader-pool {opts.pool}: a table read with --tensor-column is read by the default "
+    if pool != "arrow":
+        raise UsageError(f"--reader-pool {pool}: a table read with --tensor-column is read by the default "
                          "pool, arrow")
-    if opts.labels_csv:
+    if opts.labels:
         raise UsageError("--labels is for folders of small files; a table's labels are its --label-column")
-    if opts.field_name not in (None, opts.foreign.tensor_column):
-        raise UsageError(f"--field {opts.field_name!r} names a field of a trainfeed store; with --tensor-column "
+    if opts.field not in (None, opts.foreign.tensor_column):
+        raise UsageError(f"--field {opts.field!r} names a field of a trainfeed store; with --tensor-column "
                          f"the tensor is column {opts.foreign.tensor_column!r}")
     return fmt or detect_table(path, opts.storage_options)
 
@@ -157,25 +155,28 @@ def check_sharding(store: Store, num_shards: int, batch_size: int) -> int:
     return rows // batch_size
 
 
-def epoch_plan(store: Store, opts: ReaderOptions, epoch: int = 0) -> engine.EpochPlan:
+def epoch_plan(store: Store, opts: EpochOptions, epoch: int = 0) -> engine.EpochPlan:
     """The engine's plan for this shard's epoch (from row counts only; nothing is read)."""
     return engine.plan_epoch(store.piece_rows, store.shard_pieces(opts.shard, opts.num_shards),
                              batch_size=opts.batch_size, shuffle=opts.shuffle, seed=opts.seed, epoch=epoch,
                              shuffle_buffer=opts.shuffle_buffer, drop_last=opts.drop_last)
 
 
-def uses_petastorm(store: Store, opts: ReaderOptions) -> bool:
-    if store.foreign is not None and opts.pool != "arrow":
-        raise UsageError(f"--reader-pool {opts.pool}: a table read with --tensor-column is read by the default "
+def uses_petastorm(store: Store, pool: str) -> bool:
+    """Whether ``pool`` reads this store through Petastorm (a Petastorm pool, Parquet or Delta files)."""
+    if pool not in POOLS:
+        raise UsageError(f"--reader-pool must be one of {', '.join(POOLS)}, not {pool!r}")
+    if store.foreign is not None and pool != "arrow":
+        raise UsageError(f"--reader-pool {pool}: a table read with --tensor-column is read by the default "
                          "pool, arrow")
-    return opts.pool in petastorm_reader.POOLS and store.format.parquet_files
+    return pool in petastorm_reader.POOLS and store.format.parquet_files
 
 
-def iter_batches(store: Store, opts: ReaderOptions, epoch: int = 0, start_batch: int = 0) -> Iterator[Batch]:
+def iter_batches(store: Store, opts: EpochOptions, epoch: int = 0, start_batch: int = 0) -> Iterator[Batch]:
     """One epoch of batches for this shard: every sample of the shard exactly once, in an
     order fixed by (seed, epoch). ``start_batch``: batches start_batch.. of that epoch; the
     engine reads none of the pieces whose rows all fall in earlier batches."""
-    if uses_petastorm(store, opts):
+    if uses_petastorm(store, opts.pool):
         for k, (x, y, ids) in enumerate(petastorm_reader.batches(store, opts, epoch)):
             if k >= start_batch:
                 yield Batch(x, y, ids)
@@ -200,26 +201,26 @@ def iter_batches(store: Store, opts: ReaderOptions, epoch: int = 0, start_batch:
             epoch_plan(store, opts, epoch), store.piece_rows, read,
             lambda i: module.piece_file(store.pieces[i]), workers=reading_threads(store, opts, fetch_ahead=ahead),
             start_batch=start_batch, upcoming=upcoming if ahead else None,
-            ahead=pieces_ahead(store, opts)):
+            ahead=pieces_ahead(store)):
         yield Batch(x, y, ids)
 
 
-def pieces_ahead(store: Store, opts: ReaderOptions) -> int:
+def pieces_ahead(store: Store) -> int:
     """Pieces whose bytes are requested before they are decoded, so that ``io_concurrency``
     range requests stay in flight across pieces: one request per small file or row group up
     to ``fetch.MAX_REQUEST``; a larger piece is fetched as concurrent parts."""
     piece_bytes = store.spec.sample_nbytes * store.samples / max(1, len(store.pieces)) if store.spec.sample_nbytes else 0
-    return math.ceil(opts.io_concurrency / fetch.requests_for(piece_bytes))
+    return math.ceil(store.options.io_concurrency / fetch.requests_for(piece_bytes))
 
 
-def reading_threads(store: Store, opts: ReaderOptions, fetch_ahead: bool = False) -> int:
+def reading_threads(store: Store, opts: EpochOptions, fetch_ahead: bool = False) -> int:
     """Pieces decoded at once: ``workers``. On object storage a format without ahead fetching
     (HDF5, small files) reads ``pieces_ahead`` pieces at once instead, each thread waiting for
     its own requests; Parquet and Delta keep decoding to ``workers`` threads (fewer threads,
     less CPU per GB) while the fetcher keeps the requests in flight."""
     if store.local or fetch_ahead:
         return opts.workers
-    return max(opts.workers, pieces_ahead(store, opts))
+    return max(opts.workers, pieces_ahead(store))
 
 
 # ------------------------------------------------------------------ what a store holds

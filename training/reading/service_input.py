@@ -36,9 +36,8 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
-
 from trainfeed.training.reading.images import CROP_AREA, CROP_RATIO
-from trainfeed.training.reading.readers import Batch, ReaderOptions, Store
+from trainfeed.training.reading.readers import Batch, EpochOptions, Store
 
 PROCESSING_MODE = "distributed_epoch"  # every element of the source once per epoch, across all workers
 CONNECT_TIMEOUT_S = 5.0
@@ -93,7 +92,7 @@ def check_store(store: Store) -> None:
                          "8-bit images only")
 
 
-def source(store: Store, opts: ReaderOptions, epoch: int) -> tuple[list[str], np.ndarray, list[str]]:
+def source(store: Store, opts: EpochOptions, epoch: int) -> tuple[list[str], np.ndarray, list[str]]:
     """(paths, labels, ids) of one epoch, permuted by (seed, epoch) when shuffling."""
     labels = store.extra["listing"].extra["labels"]
     files = list(store.pieces)
@@ -104,7 +103,7 @@ def source(store: Store, opts: ReaderOptions, epoch: int) -> tuple[list[str], np
     return [f.path for f in files], y, [f.id for f in files]
 
 
-def dataset(store: Store, opts: ReaderOptions, epoch: int):
+def dataset(store: Store, opts: EpochOptions, epoch: int):
     """One epoch as a ``tf.data.Dataset`` of (x, y, id) samples, built from TF ops only."""
     import tensorflow as tf
 
@@ -134,7 +133,7 @@ def dataset(store: Store, opts: ReaderOptions, epoch: int):
     return tf.data.Dataset.from_tensor_slices((paths, y, ids)).map(load, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def distributed(store: Store, opts: ReaderOptions, epoch: int, address: str | None, worker_batch: int = 32):
+def distributed(store: Store, opts: EpochOptions, epoch: int, address: str | None, worker_batch: int = 32):
     """The epoch's samples, processed by the service at ``address`` (None: in this process),
     in batches of ``worker_batch`` as they come from the workers."""
     import tensorflow as tf
@@ -145,7 +144,7 @@ def distributed(store: Store, opts: ReaderOptions, epoch: int, address: str | No
     return ds.apply(tf.data.experimental.service.distribute(processing_mode=PROCESSING_MODE, service=address))
 
 
-def iter_batches(store: Store, opts: ReaderOptions, epoch: int, address: str) -> Iterator[Batch]:
+def iter_batches(store: Store, opts: EpochOptions, epoch: int, address: str) -> Iterator[Batch]:
     """One epoch of training batches of ``opts.batch_size`` from the service's workers, as numpy
     arrays for either framework. Writable, as every reader's: ``as_numpy_iterator`` may hand
     read-only views of TF's tensors, which ``torch.from_numpy`` warns about (a copy if so)."""

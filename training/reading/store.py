@@ -1,5 +1,6 @@
-"""What every reader shares: the options a store is read with, the opened ``Store`` (what it
-holds, the pieces an epoch is made of) and the ``Batch`` readers deliver."""
+"""What every reader shares: the options an epoch is read with, the opened ``Store`` (what it
+holds, the pieces an epoch is made of, the ``OpenOptions`` it was opened with) and the ``Batch``
+readers deliver."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,36 +10,27 @@ import numpy as np
 from trainfeed.converters.formats import foreign_table
 from trainfeed.converters.formats.foreign import ForeignSchema
 from trainfeed.converters.formats.interface import Format, PieceReader
-from trainfeed.converters.layout import DatasetSchema, FieldSpec
+from trainfeed.converters.formats.options import OpenOptions
 from trainfeed.converters.formats.registry import FORMATS as REGISTRY
-from trainfeed.converters.storage import fetch
+from trainfeed.converters.layout import DatasetSchema, FieldSpec
 from trainfeed.training.reading import images
 
 
 @dataclass(frozen=True)
-class ReaderOptions:
-    batch_size: int = 32
-    workers: int = 2
-    shuffle: bool = True
-    seed: int = 0
+class EpochOptions:
+    """What reading one epoch of an opened store needs (``Store.batches``, ``TorchDataset``,
+    ``tf_dataset``, ``train``). Frozen and picklable: DataLoader worker processes receive it."""
+
+    batch_size: int = 32  # samples per batch
+    shuffle: bool = True  # a seeded order per epoch; False: the store's order
+    seed: int = 0  # with the epoch, fixes the order (and the augmentation)
     shuffle_buffer: int = 256  # rows per shuffle window (at least)
+    drop_last: bool = False  # drop a last batch smaller than batch_size
+    workers: int = 2  # threads reading (and decoding) pieces
     pool: str = "arrow"  # arrow: trainfeed's engine; sharded | process | thread | dummy: Petastorm (Parquet/Delta)
-    shard: int = 0
+    shard: int = 0  # read shard ``shard`` of ``num_shards`` (whole pieces: index % num_shards == shard)
     num_shards: int = 1
-    delta_version: int | None = None
-    field_name: str | None = None  # tensor field to train on; default: the first one
-    labels_csv: str | None = None  # blob stores: labels as convert takes them
-    storage_options: dict = field(default_factory=dict)
-    drop_last: bool = True
-    # stores on object storage: range requests in flight, and an optional local disk cache
-    io_concurrency: int = fetch.DEFAULT_IO_CONCURRENCY
-    cache_dir: str | None = None
-    cache_limit: int = 10 * 10**9
-    # encoded images: the size (H, W) they are decoded to (default: the store's), and training augmentation
-    image_size: tuple[int, int] | None = None
-    augment: bool = False
-    # a table another tool wrote: its columns and tensor encoding (None: a trainfeed store or small files)
-    foreign: ForeignSchema | None = None
+    augment: bool = False  # encoded images: a random resized crop and flip, from (seed, epoch, sample id)
 
 
 @dataclass
@@ -66,7 +58,12 @@ class Store:
     extra: dict = field(default_factory=dict)
     local: bool = True  # False: on object storage (read through range requests)
     images: images.Decoding | None = None  # encoded images: how they are decoded
-    foreign: ForeignSchema | None = None  # a table another tool wrote, read as these options say
+    options: OpenOptions = field(default_factory=OpenOptions)  # what it was opened with
+
+    @property
+    def foreign(self) -> ForeignSchema | None:
+        """A table another tool wrote, read as ``options.foreign`` says (None: a trainfeed store or small files)."""
+        return self.options.foreign
 
     @property
     def sample_spec(self) -> FieldSpec:

@@ -18,12 +18,11 @@ import pytest
 
 from trainfeed.converters.formats.foreign_table import READER
 from trainfeed.converters.formats.interface import Format, PieceReader
+from trainfeed.converters.formats.options import OpenOptions, WriteOptions
+from trainfeed.converters.formats.registry import FORMATS, IN_PLACE, PART, RUN_PART, WRITABLE, detect_format, identify
 from trainfeed.converters.layout import MANIFEST, DatasetSchema, FieldSpec
-from trainfeed.converters.formats.options import ReadRequest, WriteOptions
 from trainfeed.converters.publish import _tagged
 from trainfeed.converters.sources.decode import Sample
-from trainfeed.converters.formats.registry import (FORMATS, IN_PLACE, PART, RUN_PART, WRITABLE, detect_format,
-                                                   identify)
 
 ROOT = Path(__file__).resolve().parents[3]
 CAPABILITIES = ("writable", "versioned", "in_place", "parquet_files", "fetches_ahead", "single_file")
@@ -98,7 +97,7 @@ def test_round_trip_through_the_registry(tmp_path, fmt, codec):
     for sid, s in truth.items():
         assert rows[sid][0] == s.label and rows[sid][1].tobytes() == s.fields["volume"].tobytes()
     # what training reads: the same samples, piece by piece
-    listing = module.list_pieces(dst, ReadRequest())
+    listing = module.list_pieces(dst, OpenOptions())
     assert len(listing.pieces) > 1 and sum(listing.rows) == 50
     seen = {}
     for piece, n in zip(listing.pieces, listing.rows):

@@ -7,14 +7,18 @@ import numpy as np
 import pytest
 
 from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.formats.options import OpenOptions
 from trainfeed.converters.formats.registry import FORMATS
 from trainfeed.training.reading import engine
-from trainfeed.training.reading.readers import ReaderOptions, epoch_plan, iter_batches, open_store
+from trainfeed.training.reading.readers import EpochOptions, epoch_plan, iter_batches, open_store
 
 
-def options(learnable, fmt, **kw) -> ReaderOptions:
-    labels = str(learnable["root"] / "train" / "labels.csv") if fmt == "blob" else None
-    return ReaderOptions(**{"batch_size": 20, "labels_csv": labels, "shuffle_buffer": 50, "seed": 3, **kw})
+def opened(learnable, fmt) -> OpenOptions:
+    return OpenOptions(labels=str(learnable["root"] / "train" / "labels.csv") if fmt == "blob" else None)
+
+
+def options(**kw) -> EpochOptions:
+    return EpochOptions(**{"batch_size": 20, "shuffle_buffer": 50, "seed": 3, **kw})
 
 
 def counting(store, monkeypatch) -> list[int]:
@@ -34,8 +38,8 @@ def counting(store, monkeypatch) -> list[int]:
 @pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("shuffle,drop_last", [(True, False), (False, True)])
 def test_resume_at_batch_k_is_the_same_epoch_without_reading_before(learnable, monkeypatch, fmt, shuffle, drop_last):
-    store = open_store(str(learnable["stores"][fmt]), None, options(learnable, fmt))
-    opts = options(learnable, fmt, shuffle=shuffle, drop_last=drop_last, workers=2)
+    store = open_store(str(learnable["stores"][fmt]), None, opened(learnable, fmt))
+    opts = options(shuffle=shuffle, drop_last=drop_last, workers=2)
     whole = list(iter_batches(store, opts, epoch=2))
     plan = epoch_plan(store, opts, epoch=2)
     assert len(whole) == plan.batches and sum(len(b.ids) for b in whole) == plan.rows - (plan.rows % 20 if drop_last else 0)
@@ -77,7 +81,7 @@ def test_plan_windows_hold_the_shuffle_buffer_and_cover_the_shard_once():
 
 def test_batches_are_new_arrays_not_views_of_pieces(learnable):
     store = open_store(str(learnable["stores"]["parquet"]))
-    opts = ReaderOptions(batch_size=16, shuffle_buffer=64)
+    opts = EpochOptions(batch_size=16, shuffle_buffer=64, drop_last=True)
     a, b = next(iter_batches(store, opts)), next(iter_batches(store, opts))
     assert a.x.flags.c_contiguous and a.x.flags.writeable and not np.shares_memory(a.x, b.x)
     kept = a.x[3]  # a view the caller keeps after dropping its batch
@@ -111,7 +115,7 @@ def test_a_piece_that_delivers_fewer_rows_than_listed_stops_the_epoch(learnable,
     import shutil
 
     shutil.copytree(learnable["stores"]["hdf5"], tmp_path / "shards")
-    store = open_store(str(tmp_path / "shards"), None, ReaderOptions())
+    store = open_store(str(tmp_path / "shards"))
     shard = tmp_path / "shards" / "shard-00000.h5"
     last = max(i for i, p in enumerate(store.pieces) if p[0] == str(shard))
     with h5py.File(shard, "r+") as h5:
@@ -120,10 +124,10 @@ def test_a_piece_that_delivers_fewer_rows_than_listed_stops_the_epoch(learnable,
     listed = store.piece_rows[last]
     with pytest.raises(TrainfeedError, match=rf"shard-00000\.h5: read {listed - 1} ids, {listed - 1} labels and "
                                              rf"{listed - 1} samples where {listed} were listed"):
-        list(iter_batches(store, ReaderOptions(batch_size=8, shuffle=False, drop_last=False)))
+        list(iter_batches(store, EpochOptions(batch_size=8, shuffle=False)))
 
 
 def test_start_batch_must_not_be_negative(learnable):
     store = open_store(str(learnable["stores"]["hdf5"]))
     with pytest.raises(TrainfeedError, match="start_batch must be 0 or more"):
-        list(iter_batches(store, ReaderOptions(), start_batch=-1))
+        list(iter_batches(store, EpochOptions(), start_batch=-1))

@@ -10,8 +10,9 @@ import pytest
 from PIL import Image
 
 from tests.conftest import run_cli, write_images
+from trainfeed.converters.formats.options import OpenOptions
 from trainfeed.training.reading import images
-from trainfeed.training.reading.readers import ReaderOptions, iter_batches, open_store
+from trainfeed.training.reading.readers import EpochOptions, iter_batches, open_store
 
 SIZE = (24, 32)
 
@@ -51,8 +52,8 @@ def photos(tmp_path_factory):
 
 
 def epoch(path, fmt=None, *, epoch_=0, **opts):
-    options = ReaderOptions(**{"batch_size": 5, "workers": 2, "shuffle": False, "drop_last": False, **opts})
-    return list(iter_batches(open_store(str(path), fmt, options), options, epoch_))
+    options = EpochOptions(**{"batch_size": 5, "workers": 2, "shuffle": False, **opts})
+    return list(iter_batches(open_store(str(path), fmt, OpenOptions()), options, epoch_))
 
 
 def assert_same_batches(got, want):

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import run_cli, write_images
-from trainfeed.training.reading.readers import ReaderOptions, iter_batches, open_store
+from trainfeed.training.reading.readers import EpochOptions, iter_batches, open_store
 
 pytestmark = pytest.mark.tf
 
@@ -73,14 +73,14 @@ def folder(tmp_path_factory):
 def service_epoch(folder, address, *, epoch=0, augment=True, seed=0):
     from trainfeed.training.reading.service_input import iter_batches as service_batches
 
-    opts = ReaderOptions(batch_size=4, seed=seed, augment=augment, drop_last=False)
-    return list(service_batches(open_store(str(folder), None, opts), opts, epoch, address))
+    opts = EpochOptions(batch_size=4, seed=seed, augment=augment)
+    return list(service_batches(open_store(str(folder)), opts, epoch, address))
 
 
 def local_epoch(folder):
     """id -> (pixels, label) from trainfeed's own reader (Pillow), in this process."""
-    opts = ReaderOptions(batch_size=4, shuffle=False, drop_last=False, augment=False)
-    return by_id(iter_batches(open_store(str(folder), None, opts), opts))
+    opts = EpochOptions(batch_size=4, shuffle=False, augment=False)
+    return by_id(iter_batches(open_store(str(folder)), opts))
 
 
 def by_id(batches):

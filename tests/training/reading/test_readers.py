@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from trainfeed.converters.errors import TrainfeedError
-from trainfeed.training.reading.readers import ReaderOptions, check_sharding, iter_batches, open_store
+from trainfeed.converters.formats.options import OpenOptions
+from trainfeed.training.reading.readers import EpochOptions, check_sharding, iter_batches, open_store
 
 FORMATS = ["parquet", "delta", "hdf5", "blob"]
 
@@ -22,9 +23,12 @@ def truth_of(learnable) -> dict[str, tuple[np.ndarray, int]]:
     return {sid: (np.load(root / f"{sid}.npy"), lab) for sid, lab in labels.items()}
 
 
-def options(learnable, fmt, **kw) -> ReaderOptions:
-    labels = str(learnable["root"] / "train" / "labels.csv") if fmt == "blob" else None
-    return ReaderOptions(batch_size=32, labels_csv=labels, drop_last=False, **kw)
+def opened(learnable, fmt) -> OpenOptions:
+    return OpenOptions(labels=str(learnable["root"] / "train" / "labels.csv") if fmt == "blob" else None)
+
+
+def options(**kw) -> EpochOptions:
+    return EpochOptions(batch_size=32, **kw)
 
 
 READERS = [(fmt, "arrow") for fmt in FORMATS] + [
@@ -36,11 +40,11 @@ READERS = [(fmt, "arrow") for fmt in FORMATS] + [
 @pytest.mark.parametrize("shards,workers", [(1, 1), (1, 3), (2, 2), (3, 2)])
 def test_exactly_once_with_own_label_and_values(learnable, fmt, pool, shards, workers):
     truth = truth_of(learnable)
-    store = open_store(str(learnable["stores"][fmt]), None, options(learnable, fmt))
+    store = open_store(str(learnable["stores"][fmt]), None, opened(learnable, fmt))
     assert store.fmt == fmt and store.samples == len(truth)
     seen: list[str] = []
     for shard in range(shards):
-        opts = options(learnable, fmt, workers=workers, shard=shard, num_shards=shards, seed=5, pool=pool)
+        opts = options(workers=workers, shard=shard, num_shards=shards, seed=5, pool=pool)
         shard_ids = []
         for batch in iter_batches(store, opts, epoch=1):
             assert batch.x.shape[1:] == (12, 12, 4, 2) and batch.x.dtype == np.float32
@@ -54,17 +58,17 @@ def test_exactly_once_with_own_label_and_values(learnable, fmt, pool, shards, wo
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_shuffle_is_seeded_and_changes_per_epoch(learnable, fmt):
-    store = open_store(str(learnable["stores"][fmt]), None, options(learnable, fmt))
-    order = lambda epoch, seed: [i for b in iter_batches(store, options(learnable, fmt, seed=seed), epoch) for i in b.ids]  # noqa: E731
+    store = open_store(str(learnable["stores"][fmt]), None, opened(learnable, fmt))
+    order = lambda epoch, seed: [i for b in iter_batches(store, options(seed=seed), epoch) for i in b.ids]  # noqa: E731
     assert order(0, 1) == order(0, 1)  # deterministic: resume replays the same order
     assert order(0, 1) != order(1, 1)
-    plain = [i for b in iter_batches(store, options(learnable, fmt, shuffle=False)) for i in b.ids]
+    plain = [i for b in iter_batches(store, options(shuffle=False)) for i in b.ids]
     if fmt != "parquet" and fmt != "delta":
         assert plain == sorted(plain)
 
 
 def test_sharding_preflight_fails_clearly(learnable):
-    store = open_store(str(learnable["stores"]["parquet"]), None, options(learnable, "parquet"))
+    store = open_store(str(learnable["stores"]["parquet"]), None, opened(learnable, "parquet"))
     pieces = len(store.pieces)
     assert check_sharding(store, 2, 32) == min(store.shard_rows(k, 2) for k in range(2)) // 32
     with pytest.raises(TrainfeedError, match=f"{pieces} row groups cannot be split across {pieces + 1} shards"):
@@ -75,8 +79,8 @@ def test_sharding_preflight_fails_clearly(learnable):
 
 def test_delta_version_and_live_snapshot(tmp_path, learnable):
     """Training reads the table's live files only, and a fixed version on request."""
-    from trainfeed.converters.cli import app
     from tests.conftest import run_cli
+    from trainfeed.converters.cli import app
 
     src = learnable["root"] / "train"
     dst = tmp_path / "t.delta"
@@ -84,11 +88,11 @@ def test_delta_version_and_live_snapshot(tmp_path, learnable):
                    "--labels", src / "labels.csv", "--no-progress").exit_code == 0
     assert run_cli(app, learnable["root"] / "holdout", dst, "--to", "delta", "--overwrite", "--optimize",
                    "--labels", learnable["root"] / "holdout" / "labels.csv", "--no-progress").exit_code == 0
-    latest = open_store(str(dst), None, ReaderOptions())
-    v0 = open_store(str(dst), None, ReaderOptions(delta_version=0))
+    latest = open_store(str(dst))
+    v0 = open_store(str(dst), None, OpenOptions(version=0))
     assert latest.version >= 1 and v0.version == 0
-    ids_latest = [i for b in iter_batches(latest, ReaderOptions(batch_size=16, drop_last=False)) for i in b.ids]
-    ids_v0 = [i for b in iter_batches(v0, ReaderOptions(batch_size=16, drop_last=False)) for i in b.ids]
+    ids_latest = [i for b in iter_batches(latest, EpochOptions(batch_size=16)) for i in b.ids]
+    ids_v0 = [i for b in iter_batches(v0, EpochOptions(batch_size=16)) for i in b.ids]
     assert len(ids_latest) == len(set(ids_latest)) == 128  # the holdout only: no replaced files
     assert len(ids_v0) == len(set(ids_v0)) == 384
 
@@ -98,9 +102,9 @@ def test_tf_dataset_yields_the_same_samples(learnable):
     from trainfeed.training.loops.loop_tf import tf_dataset
 
     truth = truth_of(learnable)
-    store = open_store(str(learnable["stores"]["hdf5"]), None, ReaderOptions())
+    store = open_store(str(learnable["stores"]["hdf5"]))
     seen = {}
-    for x, y in tf_dataset(store, ReaderOptions(batch_size=50, drop_last=False, shuffle=False)):
+    for x, y in tf_dataset(store, EpochOptions(batch_size=50, shuffle=False)):
         for xi, yi in zip(x.numpy(), y.numpy()):
             seen[xi.tobytes()] = int(yi)
     assert {arr.tobytes(): lab for arr, lab in truth.values()} == seen
@@ -110,7 +114,7 @@ def test_missing_and_wrong_stores(tmp_path, learnable):
     with pytest.raises(TrainfeedError, match="store not found"):
         open_store(str(tmp_path / "nope.parquet"), "parquet")
     with pytest.raises(TrainfeedError, match="no field 'mask'"):
-        open_store(str(learnable["stores"]["hdf5"]), None, ReaderOptions(field_name="mask"))
+        open_store(str(learnable["stores"]["hdf5"]), None, OpenOptions(field="mask"))
     with pytest.raises(TrainfeedError, match="not a Delta table"):
         open_store(str(learnable["stores"]["hdf5"]), "delta")
 
@@ -133,13 +137,13 @@ def test_a_reader_that_delivers_fewer_rows_stops_the_epoch(learnable, tmp_path, 
     opened (a file changed while training; what Petastorm 0.13.1's thread pool race does to
     an epoch). The epoch must stop with a clear error, never train on a partial epoch."""
     shutil.copytree(learnable["stores"]["parquet"], tmp_path / "p")
-    store = open_store(str(tmp_path / "p"), None, ReaderOptions())
+    store = open_store(str(tmp_path / "p"))
     left = _drop_first_row(tmp_path / "p" / "part-00000.parquet")
     expected = (rf"part-00000\.parquet: read {left} ids, {left} labels and {left} samples where {left + 1} were listed"
                 if pool == "arrow" else rf"Petastorm's {pool} pool delivered \d+ of {store.samples} rows")  # the thread
     # pool's race may drop more: the count is not pinned, the stop is
     with pytest.raises(TrainfeedError, match=expected):
-        for _ in iter_batches(store, ReaderOptions(pool=pool, workers=2, drop_last=False)):
+        for _ in iter_batches(store, EpochOptions(pool=pool, workers=2)):
             pass
 
 
@@ -149,5 +153,5 @@ def test_petastorm_pools_without_petastorm_name_the_extra(learnable, monkeypatch
     monkeypatch.setitem(sys.modules, "petastorm", None)  # what an environment without the extra sees
     store = open_store(str(learnable["stores"]["parquet"]))
     with pytest.raises(TrainfeedError, match=r"pip install 'trainfeed\[petastorm\]'"):
-        next(iter_batches(store, ReaderOptions(pool="sharded")))
-    assert len(next(iter_batches(store, ReaderOptions(pool="arrow"))).ids) == 32  # the default needs none of it
+        next(iter_batches(store, EpochOptions(pool="sharded")))
+    assert len(next(iter_batches(store, EpochOptions(pool="arrow"))).ids) == 32  # the default needs none of it
