@@ -66,7 +66,7 @@ from trainfeed.converters.storage.upload import Uploader
 
 if TYPE_CHECKING:
     from deltalake import CommitProperties, DeltaTable, WriterProperties
-    from deltalake.transaction import AddAction
+    from deltalake.transaction import AddAction, RemoveAction
 
 
 def _deltalake() -> Any:
@@ -86,38 +86,41 @@ _DELTA_COMPRESSION = {"none": "UNCOMPRESSED", "lz4": "LZ4_RAW"}
 def writer_properties(schema: DatasetSchema, opts: WriteOptions, rows_per_group: int) -> WriterProperties:
     # As for Parquet: no dictionaries or statistics on tensor columns (CPU spent, nothing gained).
     plain = _deltalake().ColumnProperties(dictionary_enabled=False, statistics_enabled="NONE")
-    return _deltalake().WriterProperties(
+    props: WriterProperties = _deltalake().WriterProperties(
         compression=_DELTA_COMPRESSION.get(opts.compression, opts.compression.upper()),
         compression_level=opts.compression_level,
         max_row_group_size=rows_per_group,
         column_properties={f.name: plain for f in schema.fields},
     )
+    return props
 
 
-def is_store(path) -> bool:
+def is_store(path: Where) -> bool:
     loc = as_location(path)
     return Path(loc.path, LOG).is_dir() if loc.local else loc.fs.isdir(loc.file(LOG))
 
 
-def open_table(path, version: int | None = None, storage_options: dict[str, str] | None = None) -> DeltaTable:
+def open_table(path: Where, version: int | None = None, storage_options: dict[str, str] | None = None) -> DeltaTable:
     """The table at a local path or URI (``storage_options`` in delta-rs's names), or at a
     Location (its own credentials)."""
     shown = _shown(path)
     if isinstance(path, Location):
-        path, storage_options = path.delta_uri(), path.delta_options() or None
+        loc = path
+        path, storage_options = loc.delta_uri(), loc.delta_options() or None
     try:
-        return _deltalake().DeltaTable(str(path), version=version, storage_options=storage_options)
+        table: DeltaTable = _deltalake().DeltaTable(str(path), version=version, storage_options=storage_options)
+        return table
     except _deltalake().exceptions.TableNotFoundError as exc:
         raise ValueError(f"{shown}: not a Delta table") from exc
     except _deltalake().exceptions.DeltaError as exc:  # a corrupt or truncated log; delta-rs appends a backtrace
         raise ValueError(f"{shown}/_delta_log: cannot read the Delta log: {str(exc).splitlines()[0]}") from exc
 
 
-def _shown(path) -> str:
+def _shown(path: Where) -> str:
     return path.shown if isinstance(path, Location) else redact_url(str(path))
 
 
-def _commit_history(table: DeltaTable) -> list[dict]:
+def _commit_history(table: DeltaTable) -> list[dict[str, Any]]:
     try:
         return table.history()
     except _deltalake().exceptions.DeltaError as exc:
@@ -125,7 +128,7 @@ def _commit_history(table: DeltaTable) -> list[dict]:
                          f"{str(exc).splitlines()[0]}") from exc
 
 
-def written_by_trainfeed(path) -> bool:
+def written_by_trainfeed(path: Where) -> bool:
     """Whether the table's commit history carries trainfeed's commit metadata. ValueError if
     its log cannot be read."""
     return _marked(open_table(path))
@@ -141,16 +144,17 @@ def user_metadata(schema: DatasetSchema) -> str:
     return json.dumps({DATASET_META: schema.to_json()})
 
 
-def marked_commit(commit: dict) -> bool:
+def marked_commit(commit: dict[str, Any]) -> bool:
     """Whether a commit (a Delta history row: ``userMetadata`` and the rest) is trainfeed's."""
     return _recorded_json(commit) is not None
 
 
-def _recorded_json(commit: dict) -> str | None:
+def _recorded_json(commit: dict[str, Any]) -> str | None:
     """The dataset schema (JSON text) a commit carries: under ``trainfeed`` (delta-rs), or in
     ``userMetadata`` as ``user_metadata`` writes it (delta-spark); None for anyone else's commit."""
     if DATASET_META in commit:
-        return commit[DATASET_META]
+        recorded: str | None = commit[DATASET_META]
+        return recorded
     try:
         user = json.loads(commit.get("userMetadata") or "null")
     except json.JSONDecodeError:
@@ -158,7 +162,7 @@ def _recorded_json(commit: dict) -> str | None:
     return user.get(DATASET_META) if isinstance(user, dict) else None
 
 
-def recorded_schema(path, version: int, storage_options: dict[str, str] | None = None) -> DatasetSchema | None:
+def recorded_schema(path: Where, version: int, storage_options: dict[str, str] | None = None) -> DatasetSchema | None:
     """The dataset schema trainfeed recorded with the newest of its commits up to ``version``;
     None for a table trainfeed never committed to."""
     # The history of the latest table: a table opened at an older version numbers the
@@ -180,12 +184,13 @@ def _location(table: DeltaTable) -> str:
 
 
 def _commit_properties(schema: DatasetSchema) -> CommitProperties:
-    return _deltalake().CommitProperties(custom_metadata={DATASET_META: schema.to_json()})
+    props: CommitProperties = _deltalake().CommitProperties(custom_metadata={DATASET_META: schema.to_json()})
+    return props
 
 
-def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
+def write(path: Where, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
           on_part: Callable[[str], None] | None = None, *, since_version: int | None = None,
-          publishing: Callable[[], AbstractContextManager] = nullcontext) -> WriteResult:
+          publishing: Callable[[], AbstractContextManager[Any]] = nullcontext) -> WriteResult:
     """Write Parquet parts (the same fast writer as ``--to parquet``) into the table folder,
     then commit them in one Delta transaction. ``path``: a local path or a Location on object
     storage (parts are written to a local temporary folder, uploaded, then committed through
@@ -210,7 +215,8 @@ def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: Wr
     with _parts_folder(loc) as folder, _uploader(loc, folder) as uploader:
         try:
             parts = write_parts(folder, schema, _noting_ids(batches, written), opts,
-                                part_name=lambda i: f"part-{i:05d}-{run}-c000.parquet", on_part=_each(uploader, on_part))
+                                part_name=lambda i: f"part-{i:05d}-{run}-c000.parquet",
+                                on_part=_each(uploader, on_part))
             schema.samples = sum(p.rows for p in parts)
             if uploader is not None:
                 uploader.finish()
@@ -224,8 +230,9 @@ def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: Wr
             else:
                 table = open_table(loc) if since_version is None else \
                     _recheck(loc, since_version, written if opts.mode == "append" else [])
+                changes: list[AddAction | RemoveAction] = list(actions)
                 with publishing():
-                    table.create_write_transaction(actions, mode=opts.mode, schema=delta_schema,
+                    table.create_write_transaction(changes, mode=opts.mode, schema=delta_schema,
                                                    commit_properties=_commit_properties(schema))
         except BaseException:
             _remove_orphans(loc, run)
@@ -245,7 +252,7 @@ def _parts_folder(loc: Location) -> Iterator[Path]:
         yield Path(tmp)
 
 
-def _uploader(loc: Location, folder: Path):
+def _uploader(loc: Location, folder: Path) -> AbstractContextManager[Uploader | None]:
     """Uploads each part as it is written, for a table on object storage; None locally."""
     return nullcontext() if loc.local else Uploader(loc, folder)
 
@@ -301,20 +308,20 @@ def _recheck(loc: Location, since_version: int, ids: list[str]) -> DeltaTable:
     return table
 
 
-def live_ids(path, version: int | None = None) -> set[str]:
+def live_ids(path: Where, version: int | None = None) -> set[str]:
     """Every sample id in the table's snapshot at ``version`` (the latest when None)."""
     listing = list_pieces(as_location(path), OpenOptions(version=version))
     return ids_in(listing, listing.files)
 
 
-def ids_added_since(path, version: int, since: int) -> set[str]:
+def ids_added_since(path: Where, version: int, since: int) -> set[str]:
     """Ids in the live files of ``version`` that were not live at ``since``."""
     now = list_pieces(as_location(path), OpenOptions(version=version))
     before = set(list_pieces(as_location(path), OpenOptions(version=since)).files)
     return ids_in(now, [f for f in now.files if f not in before])
 
 
-def restore(path, version: int) -> None:
+def restore(path: Where, version: int) -> None:
     """Make ``version``'s snapshot the live one again (a new commit, recording its schema)."""
     schema = read_schema(path, version)
     open_table(path).restore(version, commit_properties=_commit_properties(schema))
@@ -350,25 +357,29 @@ def _add_action(part: Part, labeled: bool) -> AddAction:
         "maxValues": {ID: part.max_id, **({LABEL: part.labels[1]} if labeled else {})},
         "nullCount": {ID: 0, LABEL: 0 if labeled else part.rows},
     }
-    return _deltalake().transaction.AddAction(part.file, part.size, {}, part.written_ms, True, json.dumps(stats))
+    action: AddAction = _deltalake().transaction.AddAction(part.file, part.size, {}, part.written_ms, True,
+                                                           json.dumps(stats))
+    return action
 
 
 def _sample_nbytes(schema: DatasetSchema) -> int:
     return sum(f.sample_nbytes or 100_000 for f in schema.fields)
 
 
-def table_result(path) -> WriteResult:
+def table_result(path: Where) -> WriteResult:
     """The live files of the table at ``path`` now, their bytes and its version."""
     table = open_table(path)
     return _result(table, {"version": table.version()})
 
 
-def _result(table: DeltaTable, details: dict) -> WriteResult:
+def _result(table: DeltaTable, details: dict[str, Any]) -> WriteResult:
     actions = pa.table(table.get_add_actions(flatten=True)).to_pydict()
-    return WriteResult(table.file_uris(), int(sum(actions.get("size_bytes", []))), {**details, "live_files": len(actions.get("path", []))})
+    return WriteResult(table.file_uris(), int(sum(actions.get("size_bytes", []))),
+                       {**details, "live_files": len(actions.get("path", []))})
 
 
-def optimize(path, *, target_size: int, opts: WriteOptions, storage_options: dict[str, str] | None = None) -> dict:
+def optimize(path: Where, *, target_size: int, opts: WriteOptions,
+             storage_options: dict[str, str] | None = None) -> dict[str, Any]:
     """Compact small files into ~target_size ones (a new table version; data unchanged)."""
     table = open_table(path, storage_options=storage_options)
     schema = read_schema(path, storage_options=storage_options)
@@ -380,7 +391,7 @@ def optimize(path, *, target_size: int, opts: WriteOptions, storage_options: dic
     return {"files_added": metrics.get("numFilesAdded"), "files_removed": metrics.get("numFilesRemoved")}
 
 
-def vacuum(path, *, retention_hours: int, storage_options: dict[str, str] | None = None) -> list[str]:
+def vacuum(path: Where, *, retention_hours: int, storage_options: dict[str, str] | None = None) -> list[str]:
     """Delete files no longer referenced by versions younger than ``retention_hours``."""
     table = open_table(path, storage_options=storage_options)
     # full: also files no commit ever referenced (the parts of a killed run)
@@ -388,7 +399,7 @@ def vacuum(path, *, retention_hours: int, storage_options: dict[str, str] | None
                         commit_properties=_commit_properties(read_schema(path, storage_options=storage_options)))
 
 
-def tensor_column(path, storage_options: dict[str, str] | None = None) -> str:
+def tensor_column(path: Where, storage_options: dict[str, str] | None = None) -> str:
     """'binary' or 'list': how the table stores tensors (appends must match it)."""
     arrow = pa.schema(open_table(path, storage_options=storage_options).schema().to_arrow())
     schema = schema_from_arrow(arrow)
@@ -396,7 +407,8 @@ def tensor_column(path, storage_options: dict[str, str] | None = None) -> str:
     return "list" if raw and pa.types.is_list(arrow.field(raw[0].name).type) else "binary"
 
 
-def read_schema(path, version: int | None = None, storage_options: dict[str, str] | None = None) -> DatasetSchema:
+def read_schema(path: Where, version: int | None = None,
+                storage_options: dict[str, str] | None = None) -> DatasetSchema:
     table = open_table(path, version, storage_options)
     schema = schema_from_arrow(pa.schema(table.schema().to_arrow()))
     schema.samples = sample_count(table)
@@ -412,18 +424,19 @@ def sample_count(table: DeltaTable) -> int:
     return int(sum(actions.get("num_records", [])))
 
 
-def data_files(path, version: int | None = None, storage_options: dict[str, str] | None = None) -> list[str]:
+def data_files(path: Where, version: int | None = None, storage_options: dict[str, str] | None = None) -> list[str]:
     """The live snapshot's files, from the Delta log."""
     return open_table(path, version, storage_options).file_uris()
 
 
-def read_samples(path, version: int | None = None, storage_options: dict[str, str] | None = None) -> Iterator[tuple]:
+def read_samples(path: Where, version: int | None = None,
+                 storage_options: dict[str, str] | None = None) -> Iterator[Row]:
     """Every sample of the snapshot with all its fields (what ``--verify`` compares): the pieces
     training reads. ``path``: a local path, URL or Location (``storage_options`` in fsspec's names)."""
     return row_group_samples(list_pieces(as_location(path, storage_options), OpenOptions(version=version)))
 
 
-def list_pieces(path, options: OpenOptions) -> Pieces:
+def list_pieces(path: Where, options: OpenOptions) -> Pieces:
     """The row groups of the live snapshot's files (at ``options.version`` if given), from the log;
     on object storage the log is read by delta-rs and the data files through fsspec."""
     loc = as_location(path, options.storage_options)
@@ -479,7 +492,7 @@ class Delta(Format):
     def read_schema(self, path: Where) -> DatasetSchema:
         return read_schema(path)
 
-    def read_samples(self, path: Where, storage_options: dict | None = None) -> Iterator[Row]:
+    def read_samples(self, path: Where, storage_options: dict[str, Any] | None = None) -> Iterator[Row]:
         return read_samples(path, storage_options=storage_options)
 
     def data_files(self, path: Where) -> list[str]:
@@ -488,7 +501,7 @@ class Delta(Format):
     def list_pieces(self, path: Where, options: OpenOptions) -> Pieces:
         return list_pieces(path, options)
 
-    def read_piece(self, listing: Pieces, piece: Any, handles: dict, empty: Empty = np.empty) -> Columns:
+    def read_piece(self, listing: Pieces, piece: Any, handles: dict[Any, Any], empty: Empty = np.empty) -> Columns:
         return read_piece(listing, piece, handles, empty)
 
     def piece_file(self, piece: Any) -> str:

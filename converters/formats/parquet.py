@@ -6,12 +6,13 @@ readers validate it, and ``convert --overwrite`` replaces only folders that carr
 ``PARQUET`` is the registry's parquet format."""
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 import numpy as np
 import pyarrow as pa
@@ -70,7 +71,7 @@ class Part:
     written_ms: int = 0  # when it was closed (Delta's modificationTime)
 
 
-def _open_part(file: Path, arrow: pa.Schema, opts: WriteOptions):
+def _open_part(file: Path, arrow: pa.Schema, opts: WriteOptions) -> tuple[pa.OSFile, pq.ParquetWriter]:
     sink = pa.OSFile(str(file), "wb")  # native file: writes need no GIL
     writer = pq.ParquetWriter(
         sink, arrow,
@@ -94,8 +95,9 @@ def write_parts(folder: Path, schema: DatasetSchema, batches: Iterator[list[Samp
     this thread assembles the next one. Shared by the Parquet and Delta writers."""
     arrow = arrow_schema(schema, opts.tensor_column)
     parts: list[Part] = []
-    sink = writer = None
-    pending: Future | None = None
+    sink: Any = None  # pa.OSFile and pq.ParquetWriter while a part is open
+    writer: Any = None
+    pending: Future[Any] | None = None
     rows = groups = 0
     ids: list[str] = []
     labels: list[int] = []
@@ -140,7 +142,7 @@ def write_parts(folder: Path, schema: DatasetSchema, batches: Iterator[list[Samp
     return parts
 
 
-def _close_quietly(*handles) -> None:
+def _close_quietly(*handles: Any) -> None:
     """Close what a failed write left open: closing a half-written part fails again on a
     full disk, and that second error must not hide the first."""
     for handle in handles:
@@ -149,7 +151,7 @@ def _close_quietly(*handles) -> None:
                 handle.close()
 
 
-def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
+def write(path: str | os.PathLike[str], schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
           on_part: Callable[[str], None] | None = None) -> WriteResult:
     """Parts plus the manifest. ``path`` must be a new (staging) folder. ``on_part(name)``:
     called as each part is complete."""
@@ -162,7 +164,7 @@ def write(path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: Wr
     return WriteResult(files, sum(p.size for p in parts), {"row_groups": sum(p.row_groups for p in parts)})
 
 
-def is_store(path) -> bool:
+def is_store(path: Where) -> bool:
     try:
         read_manifest(path, FORMAT)
     except ValueError:
@@ -170,31 +172,31 @@ def is_store(path) -> bool:
     return True
 
 
-def data_files(path) -> list[str]:
+def data_files(path: Where) -> list[str]:
     """The store's part files in write order (the manifest lists exactly the committed parts)."""
     loc = as_location(path)
     return [loc.file(p["file"]) for p in read_manifest(loc, FORMAT)["parts"]]
 
 
-def read_schema(path) -> DatasetSchema:
+def read_schema(path: Where) -> DatasetSchema:
     return DatasetSchema.from_dict(read_manifest(path, FORMAT)["schema"])
 
 
-def read_samples(path, storage_options: dict | None = None) -> Iterator[tuple[str, int | None, dict]]:
+def read_samples(path: Where, storage_options: dict[str, Any] | None = None) -> Iterator[Row]:
     """Every sample with all its fields, in write order (what ``--verify`` compares): the
     pieces training reads, one row group at a time (plain pyarrow, no Petastorm)."""
     return row_group_samples(list_pieces(as_location(path, storage_options), OpenOptions()))
 
 
-def row_group_samples(listing: Pieces) -> Iterator[tuple[str, int | None, dict]]:
-    handles: dict = {}
+def row_group_samples(listing: Pieces) -> Iterator[Row]:
+    handles: dict[Any, Any] = {}
     for f, rg in listing.pieces:
         yield from from_record_batch(_parquet_file(listing, f, handles).read_row_group(rg), listing.schema)
 
 
 # ------------------------------------------------------------------ read side (shared with Delta)
 
-def list_pieces(path, options: OpenOptions) -> Pieces:
+def list_pieces(path: Where, options: OpenOptions) -> Pieces:
     """Every row group of the manifest's parts, file by file, checked against the manifest's counts."""
     loc = as_location(path, options.storage_options)
     manifest = read_manifest(loc, FORMAT)
@@ -202,7 +204,7 @@ def list_pieces(path, options: OpenOptions) -> Pieces:
     spec = pick_field(schema, options.field, loc.shown)
     files = [loc.file(p["file"]) for p in manifest["parts"]]
     objects = None if loc.local else loc.objects()
-    sizes = objects and {f: o.size for f, o in objects.items()}
+    sizes = None if objects is None else {f: o.size for f, o in objects.items()}
     listing = file_pieces(loc, schema, spec, files, sizes, options, objects)
     declared = {loc.file(part["file"]): part.get("rows") for part in manifest["parts"]}
     check_declared_rows(loc.shown, listing, declared, piece_file)
@@ -265,7 +267,8 @@ def remote_row_group_pieces(schema: DatasetSchema, spec: FieldSpec, files: list[
         for rg in range(footers[f].num_row_groups):
             pieces.append((f, rg))
             rows.append(footers[f].row_group(rg).num_rows)
-    return Pieces(schema, spec, pieces, rows, files, extra={"remote": RemoteParts(fetcher, sizes, footers), "sizes": sizes})
+    return Pieces(schema, spec, pieces, rows, files,
+                  extra={"remote": RemoteParts(fetcher, sizes, footers), "sizes": sizes})
 
 
 def row_group_span(meta: pq.FileMetaData, rg: int, columns: list[str]) -> tuple[int, int]:
@@ -282,7 +285,7 @@ def row_group_span(meta: pq.FileMetaData, rg: int, columns: list[str]) -> tuple[
     return (lo or 0, hi or 0)
 
 
-def _parquet_file(listing: Pieces, f: str, handles: dict, columns: list[str] | None = None,
+def _parquet_file(listing: Pieces, f: str, handles: dict[Any, Any], columns: list[str] | None = None,
                   rg: int | None = None) -> pq.ParquetFile:
     """A ParquetFile for reading row group ``rg`` of ``f``: local files are kept open in
     ``handles``; on object storage the row group's bytes are fetched first, in one go."""
@@ -307,14 +310,14 @@ def piece_span(listing: Pieces, piece: tuple[str, int]) -> tuple[str, int, int] 
     return (f, *row_group_span(remote.footers[f], rg, [ID, LABEL, listing.spec.name]))
 
 
-def read_piece(listing: Pieces, piece: tuple[str, int], handles: dict, empty=np.empty) -> Columns:
+def read_piece(listing: Pieces, piece: tuple[str, int], handles: dict[Any, Any], empty: Empty = np.empty) -> Columns:
     """One row group; a binary tensor column becomes a zero-copy view of its data buffer (all
     values have the same length, so the buffer is the stacked tensors). ``handles``: open
     files kept by the caller (one dict per reading thread). ``empty``: unused (Arrow allocates)."""
     return table_columns(read_row_group(listing, piece, [ID, LABEL, listing.spec.name], handles), listing.spec)
 
 
-def read_row_group(listing: Pieces, piece: tuple[str, int], columns: list[str], handles: dict) -> pa.Table:
+def read_row_group(listing: Pieces, piece: tuple[str, int], columns: list[str], handles: dict[Any, Any]) -> pa.Table:
     """``columns`` of one row group (on object storage, fetched in one range request)."""
     f, rg = piece
     return _parquet_file(listing, f, handles, columns, rg).read_row_group(rg, columns=columns)
@@ -325,15 +328,18 @@ def table_columns(table: pa.Table, spec: FieldSpec) -> Columns:
     # one row group reads as one chunk: take it as is (combine_chunks would copy it)
     col = chunked.chunk(0) if chunked.num_chunks == 1 else chunked.combine_chunks()
     n = len(col)
+    x: np.ndarray
+    # a raw tensor field's shape is fixed; were it None, unpacking it raises TypeError as before
+    shape = cast("tuple[int, ...]", spec.shape)
     if not spec.is_raw:  # encoded images: one bytes value per row (training/reading/images.py decodes them)
         x = np.empty(n, object)
         x[:] = col.to_pylist()
     elif pa.types.is_binary(col.type):
         offsets = np.frombuffer(col.buffers()[1], np.int32, n + 1, col.offset * 4)
         data = np.frombuffer(col.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
-        x = data.view(np.dtype(spec.dtype).newbyteorder("<")).reshape((n, *spec.shape))
+        x = data.view(np.dtype(spec.dtype).newbyteorder("<")).reshape((n, *shape))
     else:
-        x = col.flatten().to_numpy(zero_copy_only=False).astype(spec.dtype, copy=False).reshape((n, *spec.shape))
+        x = col.flatten().to_numpy(zero_copy_only=False).astype(spec.dtype, copy=False).reshape((n, *shape))
     return Columns(table.column(ID).to_pylist(), labels_array(table.column(LABEL).to_numpy(zero_copy_only=False)), x)
 
 
@@ -370,12 +376,13 @@ class Parquet(Format):
 
     def write(self, path: Where, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
               on_part: Callable[[str], None] | None = None) -> WriteResult:
+        assert not isinstance(path, Location), "Parquet is written to a local folder (uploaded from there)"
         return write(path, schema, batches, opts, on_part)
 
     def read_schema(self, path: Where) -> DatasetSchema:
         return read_schema(path)
 
-    def read_samples(self, path: Where, storage_options: dict | None = None) -> Iterator[Row]:
+    def read_samples(self, path: Where, storage_options: dict[str, Any] | None = None) -> Iterator[Row]:
         return read_samples(path, storage_options)
 
     def data_files(self, path: Where) -> list[str]:
@@ -384,7 +391,7 @@ class Parquet(Format):
     def list_pieces(self, path: Where, options: OpenOptions) -> Pieces:
         return list_pieces(path, options)
 
-    def read_piece(self, listing: Pieces, piece: Any, handles: dict, empty: Empty = np.empty) -> Columns:
+    def read_piece(self, listing: Pieces, piece: Any, handles: dict[Any, Any], empty: Empty = np.empty) -> Columns:
         return read_piece(listing, piece, handles, empty)
 
     def piece_file(self, piece: Any) -> str:
