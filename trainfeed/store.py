@@ -2,7 +2,7 @@
 one ``Store`` whose ``batches()`` are one epoch of numpy batches."""
 from __future__ import annotations
 
-from typing import Iterator, Literal, Mapping
+from typing import Any, Iterator, Literal, Mapping
 
 from trainfeed.converters.formats.foreign import foreign_schema
 from trainfeed.converters.formats.options import OpenOptions, merge_options
@@ -82,7 +82,7 @@ class Store:
         return f"Store({self.uri!r}, format={self.format!r}, samples={self.samples}, field={self.field!r})"
 
 
-def epoch_options(options: EpochOptions | None, **keywords) -> EpochOptions:
+def epoch_options(options: EpochOptions | None, **keywords: Any) -> EpochOptions:
     """The one ``EpochOptions`` of an API call: ``options`` or the keywords (see ``merge_options``)."""
     return merge_options(EpochOptions, options, keywords)
 

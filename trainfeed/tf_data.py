@@ -1,14 +1,19 @@
 """``trainfeed.tf_dataset``: one epoch of a store as a ``tf.data.Dataset``."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from trainfeed.store import Pool, Store, epoch_options, open_store
 from trainfeed.training.reading.store import EpochOptions
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 
 def tf_dataset(store: Store | str, *, options: EpochOptions | None = None, batch_size: int = 32,
                shuffle: bool = True, seed: int = 0, epoch: int = 0, start_batch: int = 0, drop_last: bool = False,
                workers: int = 2, pool: Pool = "arrow", shard: int = 0, num_shards: int = 1, prefetch: int = 2,
-               augment: bool = False):
+               augment: bool = False) -> tf.data.Dataset:
     """(x, y) batches as ``Store.batches`` yields them (x of the stored dtype and sample shape,
     y int64; encoded images decoded, ``augment`` as there), read ahead by ``prefetch`` batches;
     a new call per epoch. ``options``: an ``EpochOptions`` instead of the keywords, as ``Store.batches``."""

@@ -45,7 +45,7 @@ def resume_points(counts: list[int], done: int) -> tuple[list[int], int]:
     return starts, next(order, 0)
 
 
-class TorchDataset(IterableDataset):
+class TorchDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
     """Batches of a store for ``DataLoader(ds, batch_size=None, num_workers=N)``.
 
     Rank r of W (torch.distributed, else RANK / WORLD_SIZE) with N DataLoader workers reads
@@ -78,7 +78,7 @@ class TorchDataset(IterableDataset):
                              f"{self.options.num_shards})")
         self.store = store if isinstance(store, Store) else open_store(store, storage_options=storage_options)
         # [epoch, first batch of that epoch where the next iteration starts], seen by worker processes
-        self._position = torch.zeros(2, dtype=torch.int64).share_memory_()
+        self._position = torch.zeros(2, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
 
     @property
     def epoch(self) -> int:

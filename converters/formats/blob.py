@@ -23,7 +23,7 @@ from trainfeed.converters.storage.location import locate
 UNIT = "files"
 
 
-def list_pieces(path, options: OpenOptions) -> Pieces:
+def list_pieces(path: Where, options: OpenOptions) -> Pieces:
     """Every sample file, sorted by id; the schema from the first file, labels as convert takes them."""
     fs, listing = list_source(str(path), options.storage_options)
     if not is_local(fs):  # reads share the connection budget (and the disk cache, if any)
@@ -36,6 +36,7 @@ def list_pieces(path, options: OpenOptions) -> Pieces:
                              f"e.g. {labels.missing[0]!r}")
     guard = SchemaGuard(listing.kind, ImageOptions())
     guard.check(listing.files[0].path, load_sample(fs, listing.kind, listing.files[0], labels, ImageOptions()))
+    assert guard.specs is not None  # the first file fixed them
     schema = DatasetSchema(fields=guard.specs, labeled=labels.by_id is not None, label_map=labels.label_map,
                            source=str(path), samples=len(listing.files))
     return Pieces(schema, pick_field(schema, options.field, path), list(listing.files), [1] * len(listing.files),
@@ -46,7 +47,7 @@ def piece_file(piece: SourceFile) -> str:
     return piece.path
 
 
-def read_piece(listing: Pieces, piece: SourceFile, handles: dict, empty=np.empty) -> Columns:
+def read_piece(listing: Pieces, piece: SourceFile, handles: dict[Any, Any], empty: Empty = np.empty) -> Columns:
     """One file. An image is its bytes, not decoded here: the reader decodes it once (training/reading/images.py)."""
     fs, kind, labels = listing.extra["fs"], listing.extra["kind"], listing.extra["labels"]
     if kind == IMAGE:
@@ -83,7 +84,7 @@ class Blob(Format):
         """``path`` as the user gave it (recorded as the schema's source)."""
         return list_pieces(path, options)
 
-    def read_piece(self, listing: Pieces, piece: Any, handles: dict, empty: Empty = np.empty) -> Columns:
+    def read_piece(self, listing: Pieces, piece: Any, handles: dict[Any, Any], empty: Empty = np.empty) -> Columns:
         return read_piece(listing, piece, handles, empty)
 
     def piece_file(self, piece: Any) -> str:

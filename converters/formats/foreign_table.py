@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trainfeed.converters.errors import TrainfeedError
@@ -43,7 +44,7 @@ class ForeignRead:
 
     foreign: ForeignSchema
     encoding: str
-    first_rows: dict
+    first_rows: dict[tuple[str, int], int]
 
 
 def list_pieces(loc: Location, fmt: str, options: OpenOptions, foreign: ForeignSchema) -> Pieces:
@@ -57,8 +58,8 @@ def list_pieces(loc: Location, fmt: str, options: OpenOptions, foreign: ForeignS
         listing.version = table.version()
     else:
         files, objects = _parquet_files(loc)
-        sizes = objects and {f: o.size for f, o in objects.items()}
-        listing = parquet.file_pieces(loc, schema, spec, files, sizes, options, objects)
+        object_sizes = None if objects is None else {f: o.size for f, o in objects.items()}
+        listing = parquet.file_pieces(loc, schema, spec, files, object_sizes, options, objects)
     if not listing.pieces or not sum(listing.rows):
         raise TrainfeedError(f"{loc.shown}: the table holds no rows")
     for f in listing.files:
@@ -86,7 +87,7 @@ def _parquet_files(loc: Location) -> tuple[list[str], dict[str, Identity] | None
     return files, None if loc.local else objects
 
 
-def _arrow_schema(listing: Pieces, f: str):
+def _arrow_schema(listing: Pieces, f: str) -> pa.Schema:
     remote = listing.extra.get("remote")
     return remote.footers[f].schema.to_arrow_schema() if remote else pq.read_schema(f)
 
@@ -96,13 +97,13 @@ def _shown(loc: Location, f: str) -> str:
     return loc.shown if f == loc.path else f"{loc.shown}/{f.rsplit('/', 1)[-1]}"
 
 
-def read_piece(listing: Pieces, piece: tuple[str, int], handles: dict, empty=np.empty) -> Columns:
+def read_piece(listing: Pieces, piece: tuple[str, int], handles: dict[Any, Any], empty: Empty = np.empty) -> Columns:
     """One row group's named columns, decoded."""
     read: ForeignRead = listing.extra["foreign"]
     return _decode(read, read_row_group(listing, piece, read.foreign.columns, handles), piece, empty)
 
 
-def _decode(read: ForeignRead, table, piece: tuple[str, int], empty) -> Columns:
+def _decode(read: ForeignRead, table: pa.Table, piece: tuple[str, int], empty: Empty) -> Columns:
     """A row group's columns, read, as samples, labels and ids."""
     foreign, where = read.foreign, f"{piece[0]} (row group {piece[1]})"
     x = decode_tensors(foreign, read.encoding, table.column(foreign.tensor_column), where, empty)
@@ -120,7 +121,7 @@ class ForeignTable(PieceReader):
 
     UNIT = UNIT
 
-    def read_piece(self, listing: Pieces, piece: Any, handles: dict, empty: Empty = np.empty) -> Columns:
+    def read_piece(self, listing: Pieces, piece: Any, handles: dict[Any, Any], empty: Empty = np.empty) -> Columns:
         return read_piece(listing, piece, handles, empty)
 
     def piece_file(self, piece: Any) -> str:

@@ -43,11 +43,11 @@ COMPRESSION_LEVELS = {"gzip": (0, 9)}  # HDF5's gzip filter
 MIN_PIECE_ROWS = 64
 
 
-def is_store(path) -> bool:
+def is_store(path: Where) -> bool:
     """An HDF5 file, or a folder whose manifest says hdf5 (what a reader should open as HDF5)."""
     loc = as_location(path)
     if loc.local and Path(loc.path).is_file():
-        return h5py.is_hdf5(loc.path)
+        return bool(h5py.is_hdf5(loc.path))
     if not loc.local and is_single_file(loc.path):
         return loc.is_file()
     try:
@@ -57,7 +57,7 @@ def is_store(path) -> bool:
     return True
 
 
-def written_by_trainfeed(file) -> bool:
+def written_by_trainfeed(file: Where) -> bool:
     """Whether an HDF5 file (a local path or a Location) carries trainfeed's root attributes (a
     file it cannot open does not)."""
     try:
@@ -100,14 +100,14 @@ def _single(loc: Location) -> bool:
     return Path(loc.path).is_file() if loc.local else loc.is_file()
 
 
-def data_files(path) -> list[str]:
+def data_files(path: Where) -> list[str]:
     loc = as_location(path)
     if _single(loc):
         return [loc.path]
     return [loc.file(s["file"]) for s in read_manifest(loc, FORMAT)["parts"]]
 
 
-def read_schema(path, opener: Opener | None = None) -> DatasetSchema:
+def read_schema(path: Where, opener: Opener | None = None) -> DatasetSchema:
     """The dataset schema: the single file's root attribute, or the shards' manifest."""
     loc = as_location(path)
     if not _single(loc):
@@ -126,12 +126,12 @@ def read_schema(path, opener: Opener | None = None) -> DatasetSchema:
         raise ValueError(f"{loc.shown}: root attribute {DATASET_META!r} is not valid JSON ({exc})") from exc
 
 
-def read_samples(path, storage_options: dict | None = None) -> Iterator[tuple[str, int | None, dict]]:
+def read_samples(path: Where, storage_options: dict[str, Any] | None = None) -> Iterator[Row]:
     """Every sample with all its fields, in write order (what ``--verify`` compares): the
     pieces training reads (slices of whole chunks, plain h5py)."""
     listing = list_pieces(as_location(path, storage_options), OpenOptions())
     schema, opener = listing.schema, listing.extra["opener"]
-    handles: dict = {}
+    handles: dict[Any, Any] = {}
     for f, start, stop in listing.pieces:
         h5 = handles.get(f) or handles.setdefault(f, opener.open(f)[0])
         ids = [x.decode() if isinstance(x, bytes) else x for x in h5[ID][start:stop]]
@@ -146,7 +146,7 @@ def read_samples(path, storage_options: dict | None = None) -> Iterator[tuple[st
 
 # ------------------------------------------------------------------ read side
 
-def list_pieces(path, options: OpenOptions) -> Pieces:
+def list_pieces(path: Where, options: OpenOptions) -> Pieces:
     """Chunk-aligned slices of every file (whole chunks, >= MIN_PIECE_ROWS samples each),
     checked: datasets of equal length, the schema's shapes, the manifest's counts."""
     loc = as_location(path, options.storage_options)
@@ -171,7 +171,7 @@ def list_pieces(path, options: OpenOptions) -> Pieces:
     return listing
 
 
-def _rows_in(h5, path: str, schema: DatasetSchema) -> int:
+def _rows_in(h5: Any, path: str, schema: DatasetSchema) -> int:
     """Samples in one HDF5 file: every dataset (id, label, each field) must hold the same number."""
     names = [ID, *([LABEL] if schema.labeled else []), *schema.field_names]
     missing = [n for n in names if n not in h5]
@@ -195,7 +195,8 @@ def piece_file(piece: tuple[str, int, int]) -> str:
     return piece[0]
 
 
-def read_piece(listing: Pieces, piece: tuple[str, int, int], handles: dict, empty=np.empty) -> Columns:
+def read_piece(listing: Pieces, piece: tuple[str, int, int], handles: dict[Any, Any],
+               empty: Empty = np.empty) -> Columns:
     """One contiguous slice of each dataset. ``handles``: open files kept by the caller (one
     dict per reading thread). ``empty(shape, dtype)``: where a raw tensor slice is read into."""
     f, start, stop = piece
@@ -270,12 +271,13 @@ class Hdf5(Format):
 
     def write(self, path: Where, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
               on_part: Callable[[str], None] | None = None) -> WriteResult:
+        assert not isinstance(path, Location), "HDF5 is written to a local folder (uploaded from there)"
         return write(path, schema, batches, opts, on_part)
 
     def read_schema(self, path: Where) -> DatasetSchema:
         return read_schema(path)
 
-    def read_samples(self, path: Where, storage_options: dict | None = None) -> Iterator[Row]:
+    def read_samples(self, path: Where, storage_options: dict[str, Any] | None = None) -> Iterator[Row]:
         return read_samples(path, storage_options)
 
     def data_files(self, path: Where) -> list[str]:
@@ -284,7 +286,7 @@ class Hdf5(Format):
     def list_pieces(self, path: Where, options: OpenOptions) -> Pieces:
         return list_pieces(path, options)
 
-    def read_piece(self, listing: Pieces, piece: Any, handles: dict, empty: Empty = np.empty) -> Columns:
+    def read_piece(self, listing: Pieces, piece: Any, handles: dict[Any, Any], empty: Empty = np.empty) -> Columns:
         return read_piece(listing, piece, handles, empty)
 
     def piece_file(self, piece: Any) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import io
+import os
 import signal
 import threading
 from contextlib import suppress
@@ -23,7 +24,7 @@ SUFFIXES = (".h5", ".hdf5")
 SHARD = "shard-{:05d}.h5"
 
 
-def is_single_file(path: str | Path) -> bool:
+def is_single_file(path: str | os.PathLike[str]) -> bool:
     return Path(path).suffix.lower() in SUFFIXES
 
 
@@ -201,7 +202,7 @@ class _File:
             self.sink.check()
 
 
-def write(path: str | Path, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
+def write(path: str | os.PathLike[str], schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
           on_part: Callable[[str], None] | None = None, *, single_file: bool | None = None) -> WriteResult:
     """Write every batch; as a single file, or as shards that roll over at the target size.
     ``on_part(name)``: called for each shard once complete (at the end: every shard records

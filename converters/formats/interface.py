@@ -40,7 +40,7 @@ class PieceReader(Protocol):
     #: What a piece is called, plural ("row groups"): messages about sharding name it.
     UNIT: str
 
-    def read_piece(self, listing: Pieces, piece: Any, handles: dict, empty: Empty = np.empty) -> Columns:
+    def read_piece(self, listing: Pieces, piece: Any, handles: dict[Any, Any], empty: Empty = np.empty) -> Columns:
         """One piece's ids, labels and tensor field. ``handles``: open files kept by the caller
         (one dict per reading thread, so a file is opened once per thread); ``empty``: where
         raw tensors are read into, for a format that can read into the caller's memory."""
@@ -133,7 +133,7 @@ class Format(PieceReader, Protocol):
         """The dataset schema the store records (fields, labels, sample count, store id)."""
         raise UsageError(f"{self.label} ({self.name}) records no schema")
 
-    def read_samples(self, path: Where, storage_options: dict | None = None) -> Iterator[Row]:
+    def read_samples(self, path: Where, storage_options: dict[str, Any] | None = None) -> Iterator[Row]:
         """Every sample with all its fields, in write order: what ``--verify`` compares with
         the source."""
         raise UsageError(f"{self.label} ({self.name}) is read by pieces only")

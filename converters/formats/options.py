@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
@@ -19,8 +19,8 @@ OptionsT = TypeVar("OptionsT")
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
 
-def parse_size(text: str, what: str = "size") -> int:
-    """'128MB', '64MiB', '1GB', '500000' -> bytes (MB = 10**6, MiB = 2**20)."""
+def parse_size(text: str | int, what: str = "size") -> int:
+    """'128MB', '64MiB', '1GB', '500000' (or a number of bytes) -> bytes (MB = 10**6, MiB = 2**20)."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
     if not m or m.group(2).upper() not in _UNITS:
         raise UsageError(f"{what}: cannot parse {text!r}; use a number of bytes or e.g. 128MB, 64MiB, 1GB")
@@ -48,7 +48,7 @@ class WriteOptions:
 class WriteResult:
     files: list[str]
     bytes_out: int
-    details: dict
+    details: dict[str, Any]
 
 
 # ------------------------------------------------------------------ read side
@@ -62,7 +62,7 @@ class OpenOptions:
     version: int | None = None  # Delta: the table version to read; None: the latest
     field: str | None = None  # the tensor field batches deliver as x; None: the store's first
     labels: str | None = None  # a folder of small files: a CSV (id,label) of their labels, as convert takes it
-    storage_options: dict = dataclasses.field(default_factory=dict)  # object storage credentials and settings
+    storage_options: dict[str, Any] = dataclasses.field(default_factory=dict)  # object storage credentials, settings
     # stores on object storage (see converters/storage/fetch.py)
     io_concurrency: int = DEFAULT_IO_CONCURRENCY  # range requests in flight for the whole reader
     cache_dir: str | None = None  # keep what is read here (a local folder), so that later epochs read local disk
@@ -104,7 +104,7 @@ class Pieces:
 
     schema: DatasetSchema
     spec: FieldSpec  # the tensor field read
-    pieces: list
+    pieces: list[Any]
     rows: list[int]
     files: list[str]  # data files (blob: none)
     version: int | None = None
@@ -120,7 +120,7 @@ class Columns:
     x: np.ndarray
 
 
-def pick_field(schema: DatasetSchema, name: str | None, path) -> FieldSpec:
+def pick_field(schema: DatasetSchema, name: str | None, path: object) -> FieldSpec:
     if not schema.fields:
         raise TrainfeedError(f"{path}: store has no tensor fields")
     if name is None:
@@ -131,8 +131,8 @@ def pick_field(schema: DatasetSchema, name: str | None, path) -> FieldSpec:
         raise TrainfeedError(f"{path}: store has no field {name!r} (fields: {', '.join(schema.field_names)})") from None
 
 
-def check_declared_rows(path, listing: Pieces, declared_per_file: dict[str, int | None],
-                        piece_file) -> None:
+def check_declared_rows(path: object, listing: Pieces, declared_per_file: dict[str, int | None],
+                        piece_file: Callable[[Any], str]) -> None:
     """The rows the pieces hold must be what the store declares: per file (manifest) and in
     all (``schema.samples``). A mismatch means a damaged or hand-edited store: never train on it."""
     held: dict[str, int] = {}
@@ -148,9 +148,10 @@ def check_declared_rows(path, listing: Pieces, declared_per_file: dict[str, int 
                              f"{total}: the store is damaged or was modified; convert it again")
 
 
-def labels_array(values) -> np.ndarray:
+def labels_array(values: Any) -> np.ndarray:
     """A label column (numpy or Arrow's numpy form) -> int64, -1 where null."""
     arr = np.asarray(values)
     if arr.dtype == object:  # nulls in an unlabeled store
         return np.array([-1 if v is None else int(v) for v in arr], dtype=np.int64)
-    return np.nan_to_num(arr, nan=-1).astype(np.int64)
+    labels: np.ndarray = np.nan_to_num(arr, nan=-1).astype(np.int64)
+    return labels

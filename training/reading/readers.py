@@ -106,6 +106,7 @@ def _foreign_format(path: str, fmt: str | None, opts: OpenOptions, pool: str) ->
                          "pool, arrow")
     if opts.labels:
         raise UsageError("--labels is for folders of small files; a table's labels are its --label-column")
+    assert opts.foreign is not None  # called for a table read with --tensor-column
     if opts.field not in (None, opts.foreign.tensor_column):
         raise UsageError(f"--field {opts.field!r} names a field of a trainfeed store; with --tensor-column "
                          f"the tensor is column {opts.foreign.tensor_column!r}")
@@ -151,7 +152,8 @@ def check_sharding(store: Store, num_shards: int, batch_size: int) -> int:
                              "--hdf5-chunk-size, or use fewer ranks")
     rows = min(store.shard_rows(k, num_shards) for k in range(num_shards))
     if rows < batch_size:
-        raise TrainfeedError(f"{store.path}: the smallest shard holds {rows} samples, fewer than one batch of {batch_size}")
+        raise TrainfeedError(f"{store.path}: the smallest shard holds {rows} samples, fewer than one batch of "
+                             f"{batch_size}")
     return rows // batch_size
 
 
@@ -209,7 +211,8 @@ def pieces_ahead(store: Store) -> int:
     """Pieces whose bytes are requested before they are decoded, so that ``io_concurrency``
     range requests stay in flight across pieces: one request per small file or row group up
     to ``fetch.MAX_REQUEST``; a larger piece is fetched as concurrent parts."""
-    piece_bytes = store.spec.sample_nbytes * store.samples / max(1, len(store.pieces)) if store.spec.sample_nbytes else 0
+    sample_nbytes = store.spec.sample_nbytes
+    piece_bytes = sample_nbytes * store.samples / max(1, len(store.pieces)) if sample_nbytes else 0
     return math.ceil(store.options.io_concurrency / fetch.requests_for(piece_bytes))
 
 
@@ -229,6 +232,7 @@ def store_identity(store: Store) -> str:
     """What identifies a store's content, whatever path or URL it was opened by (checkpoints
     must match it). The id its writer gave it (for Delta, with the version read) when there
     is one; else a fingerprint of its content (see ``_fingerprint``)."""
+    key: dict[str, object]
     if store.schema.store_id:
         key = {"store_id": store.schema.store_id, "version": store.version}
     else:
