@@ -863,7 +863,8 @@ def test_s3_credentials_from_the_environment_are_not_written(request, tmp_path):
 
 
 @pytest.mark.parametrize("backend_name, fmt, encoding", [on("s3", "parquet", "npy"), on("s3", "delta", "list"),
-                                                         on("azurite", "parquet", "raw"), on("azurite", "delta", "npy")])
+                                                         on("azurite", "parquet", "raw"),
+                                                         on("azurite", "delta", "npy")])
 def test_a_foreign_table_on_object_storage_reads_bit_for_bit(request, tmp_path, backend_name, fmt, encoding):
     """Issue #13: a table another tool wrote (Parquet files and Spark's _SUCCESS; a Delta table)
     uploaded as is, read with --tensor-column & co. through the same remote reader."""

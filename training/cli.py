@@ -3,9 +3,8 @@ account for every step. Also `python -m trainfeed.training`."""
 from __future__ import annotations
 
 import math
-import sys
 from enum import Enum
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
@@ -33,10 +32,20 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
-Fmt = Enum("Fmt", {name: name for name in FORMATS}, type=str)
-Pool = Enum("Pool", {name: name for name in POOLS}, type=str)
-TensorEncoding = Enum("TensorEncoding", {name: name for name in ENCODINGS}, type=str)
-Dtype = Enum("Dtype", {name: name for name in SUPPORTED_DTYPES}, type=str)
+if TYPE_CHECKING:
+    # mypy reads an Enum's members only from a literal; at run time these take theirs from the registries.
+    class Fmt(str, Enum): ...
+
+    class Pool(str, Enum): ...
+
+    class TensorEncoding(str, Enum): ...
+
+    class Dtype(str, Enum): ...
+else:
+    Fmt = Enum("Fmt", {name: name for name in FORMATS}, type=str)
+    Pool = Enum("Pool", {name: name for name in POOLS}, type=str)
+    TensorEncoding = Enum("TensorEncoding", {name: name for name in ENCODINGS}, type=str)
+    Dtype = Enum("Dtype", {name: name for name in SUPPORTED_DTYPES}, type=str)
 
 
 def _sig(x: float, digits: int = 3) -> str:
@@ -117,7 +126,7 @@ def main_command(
     epochs: int = typer.Option(1, "--epochs"),
     workers: int = typer.Option(2, "--workers", help="Reader threads (or, with a Petastorm --reader-pool, "
                                 "Petastorm's workers)."),
-    pool: Pool = typer.Option(Pool.arrow, "--reader-pool", help="arrow: trainfeed's own engine (default); "
+    pool: Pool = typer.Option(Pool["arrow"], "--reader-pool", help="arrow: trainfeed's own engine (default); "
                               "sharded/process/thread/dummy: Petastorm's, needs trainfeed[petastorm]."),
     amp: bool = typer.Option(False, "--amp", help="Mixed precision: bf16 where supported, else fp16 with loss "
                              "scaling."),
@@ -225,4 +234,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from typing import Optional
 
@@ -106,8 +105,9 @@ def measure_command(
     no_augment: bool = typer.Option(False, "--no-augment"),
 ) -> None:
     with exit_codes():
-        print(json.dumps(measure(data, parse_resize(image_size, "--image-size"), batch_size, service,
-                                 not no_augment)))
+        size = parse_resize(image_size, "--image-size")
+        assert size is not None, "--image-size is required"
+        print(json.dumps(measure(data, size, batch_size, service, not no_augment)))
 
 
 def main() -> None:
@@ -115,4 +115,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -207,7 +207,8 @@ def location_effect(cfg: MatrixConfig, backend: Backend, staged: dict, ingest: d
            "storage": backend.describe(staged[best].url), "connections": connections(cfg, backend), "env": env,
            "on_storage": compacted[best]}
     try:
-        path = local_copy(staged[best].url, backend, Path(cfg.out) / "local-copy" / posixpath.basename(staged[best].url))
+        path = local_copy(staged[best].url, backend,
+                          Path(cfg.out) / "local-copy" / posixpath.basename(staged[best].url))
         local = StoreSource(path, {}, staged[best].source.fmt)
         rec["local_copy"] = path
         rec["local_disk"] = _logged(log, name, lambda: ingest_only(local, reader_options(cfg, local), cfg.steps))

@@ -8,7 +8,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, cast
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from trainfeed.benchmarks.ab.hostload import LoadMonitor
 from trainfeed.benchmarks.ab.storage import StoreSource
 from trainfeed.benchmarks.model.verdict import MIN_TIMED_SAMPLES, MIN_TIMED_SECONDS
 from trainfeed.converters.formats.options import OpenOptions
-from trainfeed.training.config import TrainConfig
+from trainfeed.training.config import Device, Framework, TrainConfig
 from trainfeed.training.metrics import StepTimer, UtilizationSampler, record
 from trainfeed.training.reading.prefetch import Prefetcher
 from trainfeed.training.reading.readers import Batch, EpochOptions, iter_batches, open_store
@@ -34,7 +34,7 @@ EXTEND_MAX_EPOCHS = 1000
 class ReadTally:
     """What a reader delivered: samples, bytes, and a digest of its (id, label) pairs."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.samples = self.nbytes = 0
         self._pairs: list[tuple[str, int]] = []
 
@@ -200,7 +200,11 @@ def emulated_run(src: StoreSource, reading: CellReading, step_s: float, steps: i
     timer = StepTimer(warmup_steps=1)
     util_path = out_dir / "utilization.jsonl"
     tally = ReadTally()
-    with (open(util_path, "w") as fh, UtilizationSampler(sink=lambda r: fh.write(json.dumps(r) + "\n")) as util,
+
+    def sink(r: dict) -> None:
+        fh.write(json.dumps(r) + "\n")
+
+    with (open(util_path, "w") as fh, UtilizationSampler(sink=sink) as util,
           LoadMonitor(include_children=True) as load):
         prefetch = Prefetcher(iter_batches(store, reading.epoch), lambda b: None, depth=2)
         try:
@@ -224,8 +228,9 @@ def real_cpu_run(src: StoreSource, cfg: MatrixConfig, framework: str, out_dir: P
                  image_size: tuple[int, int] | None = None) -> dict:
     from trainfeed.training.loops.loop import run
 
-    tcfg = TrainConfig(data=src.path, fmt=src.fmt, framework=framework,
-                       device=device, batch_size=cfg.batch_size, steps_per_epoch=cfg.cpu_steps, epochs=1,
+    # the matrix accepts only torch / tf and, for a real node, cpu / cuda (TrainConfig checks them again)
+    tcfg = TrainConfig(data=src.path, fmt=src.fmt, framework=cast(Framework, framework),
+                       device=cast(Device, device), batch_size=cfg.batch_size, steps_per_epoch=cfg.cpu_steps, epochs=1,
                        workers=cfg.workers, io_concurrency=cfg.io_concurrency, pool="arrow", width=cfg.width,
                        out=str(out_dir), labels_csv=src.labels_csv,
                        shuffle_buffer=2 * cfg.batch_size,

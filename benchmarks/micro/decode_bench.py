@@ -179,9 +179,11 @@ def input_epoch(path: Path, fmt: str | None, workers: int, image_size: tuple[int
     t0, c0 = time.perf_counter(), time.process_time()
     n = sum(len(batch.ids) for batch in iter_batches(store, opts))
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    shape = store.sample_spec.shape
+    assert shape is not None, "decoded to one size (--image-size or a decoded store), every sample has one shape"
     return {"samples": n, "seconds": round(wall, 3), "cpu_seconds": round(cpu, 3),
             "samples_per_s": round(n / wall, 1), "samples_per_cpu_s": round(n / cpu, 1),
-            "sample_shape": list(store.sample_spec.shape)}
+            "sample_shape": list(shape)}
 
 
 def run(args: argparse.Namespace, work: Path) -> None:
@@ -189,6 +191,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
         print(json.dumps(record), flush=True)
 
     size, out_size = parse_resize(args.size), parse_resize(args.out_size, "--out-size")
+    assert size is not None and out_size is not None, "--size and --out-size have defaults"
     src = work / "jpegs"
     t0 = time.perf_counter()
     nbytes = generate(src, args.count, size)
@@ -220,7 +223,8 @@ def run(args: argparse.Namespace, work: Path) -> None:
         rates[name] = result["samples_per_s"]
         emit({"bench": "decode", "decoder": name, "threads": 1, **result})
 
-    stores = {"blob": (src, "blob", out_size)}  # layout: (path, format, --image-size)
+    # layout: (path, format, --image-size)
+    stores: dict[str, tuple[Path, str, tuple[int, int] | None]] = {"blob": (src, "blob", out_size)}
     for name, image, write in (("encoded", ImageOptions(), WriteOptions(row_group_size=4 * 10**6)),
                                ("decoded", ImageOptions(resize=out_size, storage="decoded"), WriteOptions())):
         dst = work / f"{name}.parquet"

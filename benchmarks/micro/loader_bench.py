@@ -24,6 +24,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, Callable
 
 import h5py
 import pyarrow.parquet as pq
@@ -52,8 +53,8 @@ def build_stores(src: Path, work: Path) -> dict[str, Path]:
 
 
 def floor(fmt: str, path: Path, workers: int) -> tuple[float, float, int]:
-    """Seconds, CPU seconds (all threads) and tensor bytes of the format's own plain read of every sample, in file order,
-    ``workers`` threads sharing the units (row groups, slices of whole chunks, files)."""
+    """Seconds, CPU seconds (all threads) and tensor bytes of the format's own plain read of every sample,
+    in file order, ``workers`` threads sharing the units (row groups, slices of whole chunks, files)."""
     store = open_store(str(path), fmt, OpenOptions(labels=str(path / "labels.csv") if fmt == "blob" else None))
     name = store.spec.name
     local = threading.local()
@@ -77,11 +78,16 @@ def floor(fmt: str, path: Path, workers: int) -> tuple[float, float, int]:
             fh.read()
         return 1
 
-    read = {"parquet": parquet_unit, "delta": parquet_unit, "hdf5": hdf5_unit, "blob": blob_unit}[fmt]
+    readers: dict[str, Callable[[Any], int]] = {"parquet": parquet_unit, "delta": parquet_unit, "hdf5": hdf5_unit,
+                                                "blob": blob_unit}
+    read = readers[fmt]
     t0, c0 = time.perf_counter(), time.process_time()
     with ThreadPoolExecutor(max_workers=workers) as pool:
         rows = sum(pool.map(read, store.pieces))
-    return time.perf_counter() - t0, time.process_time() - c0, rows * store.spec.sample_nbytes
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    sample_nbytes = store.spec.sample_nbytes
+    assert sample_nbytes is not None, "the benchmark's samples all have one shape"
+    return seconds, cpu, rows * sample_nbytes
 
 
 def engine(fmt: str, path: Path, workers: int) -> tuple[float, float, int]:
@@ -120,9 +126,11 @@ def main(argv: list[str] | None = None) -> None:
             for fmt in formats:
                 floor_s, floor_cpu, floor_bytes = floor(fmt, stores[fmt], args.workers)
                 seconds, cpu, nbytes = engine(fmt, stores[fmt], args.workers)
-                assert nbytes == floor_bytes, f"{fmt}: the engine delivered {nbytes} bytes, the floor read {floor_bytes}"
-                rec = {"bench": "loader", "format": fmt, "label": args.label, "repeat": rep, "workers": args.workers,
-                       "mb": nbytes / MB, "floor_mb_per_s": floor_bytes / floor_s / MB, "mb_per_s": nbytes / seconds / MB,
+                assert nbytes == floor_bytes, \
+                    f"{fmt}: the engine delivered {nbytes} bytes, the floor read {floor_bytes}"
+                rec = {"bench": "loader", "format": fmt, "label": args.label, "repeat": rep,
+                       "workers": args.workers, "mb": nbytes / MB, "floor_mb_per_s": floor_bytes / floor_s / MB,
+                       "mb_per_s": nbytes / seconds / MB,
                        "vs_floor": (nbytes / seconds) / (floor_bytes / floor_s),
                        "cpu_s_per_gb": cpu / nbytes * 1e9, "floor_cpu_s_per_gb": floor_cpu / floor_bytes * 1e9,
                        "cpu_vs_floor": floor_cpu / cpu, "env": env}

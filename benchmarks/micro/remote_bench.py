@@ -113,9 +113,11 @@ def read_epoch(url: str, layout: str, options: tuple[OpenOptions, EpochOptions],
         samples += len(batch.ids)
         nbytes += batch.nbytes
     seconds = time.perf_counter() - t0
+    shape = store.spec.shape
+    assert shape is not None, "the benchmark's volumes all have one shape"
     out = {"open_s": opened, "seconds": seconds, "samples": samples, "mb": nbytes / MB,
            "mb_per_s": nbytes / seconds / MB, "samples_per_s": samples / seconds,
-           "sample_shape": list(store.spec.shape)}
+           "sample_shape": list(shape)}
     if client:
         out["requests"] = client.stats()
     return out
@@ -136,7 +138,8 @@ class Bench:
         self.profile = load_object_store(args.profile)
         self.src = self._dataset()
         self.labels = str(self.src / "labels.csv")
-        self.local_stores = {fmt: self._convert(fmt, str(work / f"{fmt}-{self.src.name}{'.h5' if fmt == 'hdf5' else ''}"))
+        self.local_stores = {fmt: self._convert(fmt, str(work / f"{fmt}-{self.src.name}"
+                                                               f"{'.h5' if fmt == 'hdf5' else ''}"))
                              for fmt in args.layouts if fmt != "blob"}
         self.backends = [self._backend(name, stack) for name in args.backends]
         self.results: dict[tuple, dict] = {}
@@ -222,7 +225,7 @@ class Bench:
                 for c in self.args.connections:
                     log(f"{backend.name} {layout}: one epoch at {c} connections")
                     rec = self.cell("epoch", {"backend": backend.name, "layout": layout, "connections": c},
-                                    lambda: self.measure(backend, layout, c))
+                                    lambda backend=backend, layout=layout, c=c: self.measure(backend, layout, c))
                     out += [rec] if rec else []
         return out
 
@@ -231,7 +234,7 @@ class Bench:
         out, c = [], max(self.args.connections)
         for backend in self.backends:
             for layout in (x for x in self.args.layouts if x != "blob"):
-                def run():
+                def run(backend=backend, layout=layout):
                     cache = self.work / f"cache-{backend.name}-{layout}"
                     shutil.rmtree(cache, ignore_errors=True)
                     url, options = backend.emulated(self.rel(backend, layout), self.profile_for(c))
@@ -256,7 +259,7 @@ class Bench:
         backend, out = self.backends[0], []
         steps = {}
         for c in self.args.au_connections:
-            def run():
+            def run(c=c):
                 rec = self.measure(backend, "delta", c)
                 shape = tuple(rec["sample_shape"])
                 rows = {}

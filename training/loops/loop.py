@@ -6,6 +6,7 @@ What differs between PyTorch and TensorFlow lives behind ``Framework`` (loop_tor
 loop_tf.py): building the model, one optimizer step, prediction, and checkpoint files."""
 from __future__ import annotations
 
+import functools
 import time
 from contextlib import closing
 from typing import Any, Protocol, TypeVar
@@ -105,7 +106,7 @@ def train(cfg: TrainConfig) -> dict:
                                         loss).bytes
                     bar.update(global_step, delivered)
                     here = Position(epoch, step_in_epoch + 1, global_step)
-                    if after_step(cfg, global_step, preemption, lambda: checkpoint(here)):
+                    if after_step(cfg, global_step, preemption, functools.partial(checkpoint, here)):
                         preempted = True
                         break
             if preempted:

@@ -142,8 +142,8 @@ def open_eval_store(cfg: TrainConfig, p: Plan) -> Store:
         raise TrainfeedError(f"{cfg.eval_data}: --eval-data field {held_out.name!r} holds {held_out.dtype} "
                              f"samples of shape {_shape(held_out)}; the model trains on {train.dtype} "
                              f"samples of shape {_shape(train)} from --data"
-                             + (f"; {'--image-size HxW' if cfg.cli else 'image_size=(H, W)'} decodes both to one size" if store.images and p.store.images
-                                and not cfg.image_size else ""))
+                             + (f"; {'--image-size HxW' if cfg.cli else 'image_size=(H, W)'} decodes both to one size"
+                                if store.images and p.store.images and not cfg.image_size else ""))
     check_label_maps(p.store, store)
     bounds = label_bounds(store)
     if bounds is not None and (bounds[0] < 0 or bounds[1] >= p.num_classes):
@@ -167,5 +167,5 @@ def check_labels(batch: Batch, num_classes: int, path: str, flag: str = "num_cla
     bad = (batch.y < 0) | (batch.y >= num_classes)
     if bad.any():
         i = int(np.argmax(bad))
-        raise TrainfeedError(f"{path}: sample {batch.ids[i]!r} has label {int(batch.y[i])}, outside 0..{num_classes - 1} "
-                             f"(set {flag}N if the store has more classes)")
+        raise TrainfeedError(f"{path}: sample {batch.ids[i]!r} has label {int(batch.y[i])}, "
+                             f"outside 0..{num_classes - 1} (set {flag}N if the store has more classes)")

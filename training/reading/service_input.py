@@ -12,8 +12,8 @@ A service worker is another process, possibly on another machine: it runs the da
 never trainfeed's Python code (a ``from_generator`` or ``py_function`` pipeline cannot be
 shipped to it). So this pipeline is TF ops end to end: the files of an image folder (blob
 layout) are listed here, and the workers read them (``tf.io.read_file``, a path every worker
-must see), decode them (``tf.io.decode_jpeg`` with the accurate DCT, or ``decode_png``) and crop / resize / flip them with
-``tf.image``. Compacted stores (Parquet, Delta, HDF5) have no TF-native reader in
+must see), decode them (``tf.io.decode_jpeg`` with the accurate DCT, or ``decode_png``) and crop / resize / flip
+them with ``tf.image``. Compacted stores (Parquet, Delta, HDF5) have no TF-native reader in
 tensorflow-cpu, so they are refused.
 
 Pixels: at the stored size, not augmented, they are Pillow's exactly (libjpeg's accurate DCT,

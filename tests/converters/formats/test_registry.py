@@ -29,7 +29,8 @@ CAPABILITIES = ("writable", "versioned", "in_place", "parquet_files", "fetches_a
 
 
 def _methods(protocol: type) -> list[str]:
-    return sorted(name for name, value in vars(protocol).items() if inspect.isfunction(value) and not name.startswith("_"))
+    return sorted(name for name, value in vars(protocol).items()
+                  if inspect.isfunction(value) and not name.startswith("_"))
 
 
 def _shape(fn) -> list[tuple]:
