@@ -19,13 +19,11 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext, supp
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
-import numpy as np
 import pyarrow as pa
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
-from trainfeed.converters.formats.interface import Empty, Format, Row, Where
+from trainfeed.converters.formats.interface import Format, Row, Where
 from trainfeed.converters.formats.options import (
-    Columns,
     OpenOptions,
     Pieces,
     WriteOptions,
@@ -39,14 +37,11 @@ from trainfeed.converters.formats.parquet import (
     COMPRESSION_LEVELS,
     COMPRESSIONS,
     DEFAULT_COMPRESSION,
-    UNIT,
     Part,
+    RowGroups,
     file_pieces,
     ids_in,
     piece_file,
-    piece_span,
-    read_labels,
-    read_piece,
     row_group_samples,
     write_parts,
 )
@@ -466,12 +461,11 @@ def live_files(loc: Location, version: int | None) -> tuple[DeltaTable, list[str
 
 # ------------------------------------------------------------------ the registry's format
 
-class Delta(Format):
+class Delta(RowGroups, Format):
     """Delta tables (formats/interface.py says what each member is for)."""
 
     name, label, noun, foreign_noun = FORMAT, "Delta Lake", "a Delta table", "a Delta table"
     writable, versioned, parquet_files, fetches_ahead = True, True, True, True
-    UNIT = UNIT
     COMPRESSIONS, DEFAULT_COMPRESSION, COMPRESSION_LEVELS = COMPRESSIONS, DEFAULT_COMPRESSION, COMPRESSION_LEVELS
     suffixes, commit_record = (".parquet",), LOG
     part_names = run_part_names = r"part-\d{5}-[0-9a-f]{12}-c000\.parquet"  # its own run id: see write()
@@ -500,18 +494,6 @@ class Delta(Format):
 
     def list_pieces(self, path: Where, options: OpenOptions) -> Pieces:
         return list_pieces(path, options)
-
-    def read_piece(self, listing: Pieces, piece: Any, handles: dict[Any, Any], empty: Empty = np.empty) -> Columns:
-        return read_piece(listing, piece, handles, empty)
-
-    def piece_file(self, piece: Any) -> str:
-        return piece_file(piece)
-
-    def piece_span(self, listing: Pieces, piece: Any) -> tuple[str, int, int] | None:
-        return piece_span(listing, piece)
-
-    def read_labels(self, listing: Pieces) -> Iterator[np.ndarray]:
-        return read_labels(listing)
 
 
 DELTA = Delta()

@@ -357,12 +357,31 @@ def read_labels(listing: Pieces, column_name: str = LABEL) -> Iterator[np.ndarra
 
 # ------------------------------------------------------------------ the registry's format
 
-class Parquet(Format):
+class RowGroups:
+    """The read side of a format whose pieces are Parquet row groups (Parquet, and Delta, whose
+    files are Parquet): listed before ``Format`` among a format's bases, so that these are its
+    ``PieceReader`` members."""
+
+    UNIT = UNIT
+
+    def read_piece(self, listing: Pieces, piece: Any, handles: dict[Any, Any], empty: Empty = np.empty) -> Columns:
+        return read_piece(listing, piece, handles, empty)
+
+    def piece_file(self, piece: Any) -> str:
+        return piece_file(piece)
+
+    def piece_span(self, listing: Pieces, piece: Any) -> tuple[str, int, int] | None:
+        return piece_span(listing, piece)
+
+    def read_labels(self, listing: Pieces) -> Iterator[np.ndarray]:
+        return read_labels(listing)
+
+
+class Parquet(RowGroups, Format):
     """Parquet stores (formats/interface.py says what each member is for)."""
 
     name, label, noun = FORMAT, "Parquet", "a Parquet store"
     writable, parquet_files, fetches_ahead = True, True, True
-    UNIT = UNIT
     COMPRESSIONS, DEFAULT_COMPRESSION, COMPRESSION_LEVELS = COMPRESSIONS, DEFAULT_COMPRESSION, COMPRESSION_LEVELS
     suffixes, commit_record = (".parquet",), MANIFEST
     part_names = r"part-\d{5}\.parquet"
@@ -390,18 +409,6 @@ class Parquet(Format):
 
     def list_pieces(self, path: Where, options: OpenOptions) -> Pieces:
         return list_pieces(path, options)
-
-    def read_piece(self, listing: Pieces, piece: Any, handles: dict[Any, Any], empty: Empty = np.empty) -> Columns:
-        return read_piece(listing, piece, handles, empty)
-
-    def piece_file(self, piece: Any) -> str:
-        return piece_file(piece)
-
-    def piece_span(self, listing: Pieces, piece: Any) -> tuple[str, int, int] | None:
-        return piece_span(listing, piece)
-
-    def read_labels(self, listing: Pieces) -> Iterator[np.ndarray]:
-        return read_labels(listing)
 
 
 PARQUET = Parquet()
