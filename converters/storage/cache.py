@@ -48,14 +48,15 @@ _OWN_TOP = re.compile(r"(\.trainfeed-cache|\.lock|\.usage|\.usage\.\d+\.tmp|[0-9
 _RANGE = re.compile(r"[0-9a-f]{64}\.bin")
 _TEMP = re.compile(r"\.([0-9a-f]{64}\.bin)\.(\d+)\.\d+\.tmp")
 
+#: Eviction goes this far under the limit, so that the next puts do not each evict again.
+_LOW_WATER = 0.9
+
 
 def _writer_pid(temporary_name: str) -> int:
     """The process that writes a temporary file (its name, as ``_owned`` matched it, says)."""
     match = _TEMP.fullmatch(temporary_name)
     assert match is not None, temporary_name
     return int(match.group(2))
-#: Eviction goes this far under the limit, so that the next puts do not each evict again.
-_LOW_WATER = 0.9
 
 
 class ForeignCacheFolder(UsageError):
