@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from enum import Enum
-from typing import TYPE_CHECKING, List, Optional
+from typing import List, Optional
 
 import typer
 
@@ -32,20 +32,11 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
-if TYPE_CHECKING:
-    # mypy reads an Enum's members only from a literal; at run time these take theirs from the registries.
-    class Fmt(str, Enum): ...
-
-    class Pool(str, Enum): ...
-
-    class TensorEncoding(str, Enum): ...
-
-    class Dtype(str, Enum): ...
-else:
-    Fmt = Enum("Fmt", {name: name for name in FORMATS}, type=str)
-    Pool = Enum("Pool", {name: name for name in POOLS}, type=str)
-    TensorEncoding = Enum("TensorEncoding", {name: name for name in ENCODINGS}, type=str)
-    Dtype = Enum("Dtype", {name: name for name in SUPPORTED_DTYPES}, type=str)
+# the registries' names as choices (members made at run time, which mypy cannot follow)
+Fmt = Enum("Fmt", {name: name for name in FORMATS}, type=str)  # type: ignore[misc]
+Pool = Enum("Pool", {name: name for name in POOLS}, type=str)  # type: ignore[misc]
+TensorEncoding = Enum("TensorEncoding", {name: name for name in ENCODINGS}, type=str)  # type: ignore[misc]
+Dtype = Enum("Dtype", {name: name for name in SUPPORTED_DTYPES}, type=str)  # type: ignore[misc]
 
 
 def _sig(x: float, digits: int = 3) -> str:
