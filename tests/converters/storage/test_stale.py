@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import trainfeed
+from trainfeed.converters.storage.fetch import flush_cache_writes
 from tests.test_object_storage import SHAPE, SMALL, STORES, convert, get_backend, labels, on, source
 
 BACKENDS = [on("azurite"), on("s3")]
@@ -19,8 +20,10 @@ BACKENDS = [on("azurite"), on("s3")]
 
 def read_all(url: str, backend, cache, **kwargs) -> dict[str, tuple[np.ndarray, int]]:
     store = trainfeed.open_store(url, storage_options=backend.options, cache_dir=str(cache), **kwargs)
-    return {i: (x.copy(), int(y)) for batch in store.batches(batch_size=8, shuffle=False)
-            for i, x, y in zip(batch.ids, batch.x, batch.y)}
+    got = {i: (x.copy(), int(y)) for batch in store.batches(batch_size=8, shuffle=False)
+           for i, x, y in zip(batch.ids, batch.x, batch.y)}
+    flush_cache_writes()  # the cache is written behind the reads: all of it there before the next read
+    return got
 
 
 def assert_same(got: dict, truth: dict) -> None:
