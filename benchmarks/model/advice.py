@@ -7,11 +7,12 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, replace
-from typing import TypedDict
+from typing import Callable, TypedDict
 
 from trainfeed.benchmarks.model.catalog import DbuRate, Instance
 from trainfeed.benchmarks.model.cost import (
     GPU_PROFILES,
+    Recommendation,
     Workload,
     cpu_device,
     gpu_device,
@@ -24,8 +25,8 @@ from trainfeed.benchmarks.model.cost import (
 )
 from trainfeed.benchmarks.model.measured import device_of, loader_of, storage_of
 from trainfeed.benchmarks.model.profiles import Accelerator, ObjectStore
-from trainfeed.benchmarks.model.projection import Device, Loader, Machine, feed
-from trainfeed.benchmarks.model.remedies import remedies
+from trainfeed.benchmarks.model.projection import Device, Feed, Loader, Machine, feed
+from trainfeed.benchmarks.model.remedies import Remedy, remedies
 from trainfeed.benchmarks.model.scenario import Scenario
 
 
@@ -48,6 +49,59 @@ class Plan:
     reader: Loader  # how the compacted stores are read (and the small files, by trainfeed)
     baseline: Loader | None = None  # how the user reads the small files today
     scenario: Scenario | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HeadlineNode:
+    """One node of the headline: the machine it is projected as and one projection row per option;
+    for a scenario's node, its catalog instance and ``project``, the same rows on another machine."""
+
+    node: str
+    machine: Machine
+    rows: list[dict]
+    instance: str | None = None
+    project: Callable[[Machine], list[dict]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceFeeds:
+    """One GPU fed at its own rate: what each option takes (``model.feed``), by option label."""
+
+    device: Device
+    feeds: dict[str, Feed]
+
+
+@dataclass(frozen=True, slots=True)
+class Gains:
+    """On one node: what repacking gains over the user's loader (``today``), and what better loading
+    alone (trainfeed's reader on the same small files) would gain; options by label, times in seconds."""
+
+    node: str
+    today: str
+    today_s: float
+    repacked: str
+    repacked_s: float
+    repack_gain: float
+    better_loading: str | None
+    better_loading_gain: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Advice:
+    """Everything a report advises (``build_advice``): the plan and its options, the headline (each
+    measured node, or the scenario's), every option projected on the catalog (label -> rows, as
+    costs.csv holds them), the feeds per GPU, the remedies per encoded store, the recommendation,
+    the gains per headline node and, for a scenario, the comparison with its published times."""
+
+    plan: Plan
+    options: list[Option]
+    headline: list[HeadlineNode]
+    projections: dict[str, list[dict]]
+    feeds: list[DeviceFeeds]
+    remedies: dict[str, list[Remedy]]
+    recommendation: Recommendation | None
+    gains: list[Gains | None]
+    reference: Reference | None
 
 
 def plan_for(cells: list[dict], workload: Workload, baseline: Loader | None = None,
@@ -102,21 +156,21 @@ def node_machine(cells: list[dict], node: str) -> Machine | None:
 
 
 def build_advice(cells: list[dict], catalog: list[Instance], dbu: dict[str, DbuRate], plan: Plan,
-                 stores: list[str]) -> dict:
+                 stores: list[str]) -> Advice:
     accelerators = calibrated(cells)
     layouts = {s: layout for s in stores if (layout := store_layout(cells, s)) is not None}
     opts = [o for o in options(plan, stores) if o.store in layouts]
     batch = next(c for c in cells if c["kind"] == "cell")["batch_size"]
     accs = _with_efficiency(accelerators, plan.scenario)
-    headline = []
+    headline: list[HeadlineNode] = []
     if plan.scenario is None:
         for node in dict.fromkeys(c["node"] for c in cells if c["kind"] == "cell"):
             machine = node_machine(cells, node)
             measured = {c["store"] for c in cells if c["kind"] == "cell" and c["node"] == node}
             if machine is not None:  # a store whose cell on this node failed is not projected onto it
-                headline.append({"node": node, "machine": machine, "rows": [
+                headline.append(HeadlineNode(node, machine, [
                     projection_row(machine, layouts[o.store], o.loader, plan.storage, batch, plan.workload)
-                    | {"option": o.label} for o in opts if o.store in measured]})
+                    | {"option": o.label} for o in opts if o.store in measured]))
     else:
         by_name = {i.name: i for i in catalog}
         for n in plan.scenario.nodes:
@@ -129,10 +183,9 @@ def build_advice(cells: list[dict], catalog: list[Instance], dbu: dict[str, DbuR
                     return [projection_row(m, layouts[o.store], o.loader, plan.storage, batch,
                                            plan.workload, inst, cpu_speed=n.cpu_speed, dbu=dbu.get(inst.cloud))
                             | {"option": o.label} for o in opts]
-                headline.append({"node": n.name, "instance": inst.name, "machine": machine, "rows": rows(machine),
-                                 "project": rows})
+                headline.append(HeadlineNode(n.name, machine, rows(machine), instance=inst.name, project=rows))
     for h in headline:
-        mark_extremes(h["rows"])
+        mark_extremes(h.rows)
     speeds = {n.instance: n.cpu_speed for n in plan.scenario.nodes} if plan.scenario else None
     projections = {o.label: project_catalog(cells, catalog, o.store, o.loader, plan.storage, plan.workload,
                                             accelerators=accs, cpu_speeds=speeds, dbu=dbu) for o in opts}
@@ -146,16 +199,16 @@ def build_advice(cells: list[dict], catalog: list[Instance], dbu: dict[str, DbuR
     fixes = {s: remedies(cells, catalog, s, s.replace("-encoded", "-decoded") if s.endswith("-encoded") else decoded,
                          plan.reader, plan.storage, plan.workload, by_store, accelerators=accs, dbu=dbu)
              for s in encoded}
-    return {"plan": plan, "options": opts, "headline": headline, "projections": projections,
-            "feeds": feeds(cells, catalog, plan, opts, headline, accs),
-            "remedies": {s: r for s, r in fixes.items() if r},
-            "recommendation": recommend(projections),
-            "gains": [gains(h, plan) for h in headline],
-            "reference": reference(headline, plan) if plan.scenario else None}
+    return Advice(plan=plan, options=opts, headline=headline, projections=projections,
+                  feeds=feeds(cells, catalog, plan, opts, headline, accs),
+                  remedies={s: r for s, r in fixes.items() if r},
+                  recommendation=recommend(projections),
+                  gains=[gains(h, plan) for h in headline],
+                  reference=reference(headline, plan) if plan.scenario else None)
 
 
-def feeds(cells: list[dict], catalog: list[Instance], plan: Plan, opts: list[Option], headline: list[dict],
-          accelerators: dict[str, Accelerator]) -> list[dict]:
+def feeds(cells: list[dict], catalog: list[Instance], plan: Plan, opts: list[Option], headline: list[HeadlineNode],
+          accelerators: dict[str, Accelerator]) -> list[DeviceFeeds]:
     """Per GPU (the headline's, then each GPU of the catalog that has a profile): what feeding one
     of it at its own rate from the plan's storage takes with each option: GB/s, and the vCPUs
     busy for it (the storage client's I/O, decode, the framework)."""
@@ -164,16 +217,16 @@ def feeds(cells: list[dict], catalog: list[Instance], plan: Plan, opts: list[Opt
     ref = next(c for c in cells if c["kind"] == "cell")
     devices: dict[str, Device] = {}
     for h in headline:
-        if h["machine"].device.is_gpu:
-            devices.setdefault(h["machine"].device.name, h["machine"].device)
+        if h.machine.device.is_gpu:
+            devices.setdefault(h.machine.device.name, h.machine.device)
     models = dict.fromkeys(i.gpu_model for i in catalog if i.gpus and i.gpu_model in GPU_PROFILES)
     gpus = [gpu for m in models if (gpu := gpu_device(m, 1, ref, accelerators)) is not None]  # all: each has a profile
     for gpu in sorted(gpus, key=lambda d: -d.step_s):
         devices.setdefault(gpu.name, gpu)  # the catalog's GPUs, slowest first
     # every option's store has a layout (build_advice kept only those)
     layouts = {o.store: layout for o in opts if (layout := store_layout(cells, o.store)) is not None}
-    return [{"device": d, "feeds": {o.label: feed(d, layouts[o.store], o.loader, plan.storage, ref["batch_size"])
-                                    for o in opts}} for d in devices.values()]
+    return [DeviceFeeds(d, {o.label: feed(d, layouts[o.store], o.loader, plan.storage, ref["batch_size"])
+                            for o in opts}) for d in devices.values()]
 
 
 def _with_efficiency(accelerators: dict[str, Accelerator], scenario: Scenario | None) -> dict[str, Accelerator]:
@@ -186,21 +239,21 @@ def _with_efficiency(accelerators: dict[str, Accelerator], scenario: Scenario | 
     return out | accelerators
 
 
-def gains(head: dict, plan: Plan) -> dict | None:
+def gains(head: HeadlineNode, plan: Plan) -> Gains | None:
     """On one node: what repacking gains over the user's loader, and what better loading alone
     (trainfeed's reader on the same small files) would gain."""
-    blob = [r for r in head["rows"] if r["store"] == "blob"]
-    compacted = [r for r in head["rows"] if r["store"] != "blob"]
+    blob = [r for r in head.rows if r["store"] == "blob"]
+    compacted = [r for r in head.rows if r["store"] != "blob"]
     if not blob or not compacted:
         return None
     today = next((r for r in blob if plan.baseline and r["loader"] == plan.baseline.name), blob[0])
     better = next((r for r in blob if r["loader"] == plan.reader.name), None)
     best = min(compacted, key=lambda r: r["seconds"])
-    return {"node": head["node"], "today": today["option"], "today_s": today["seconds"],
-            "repacked": best["option"], "repacked_s": best["seconds"],
-            "repack_gain": today["seconds"] / best["seconds"],
-            "better_loading": better["option"] if better and better is not today else None,
-            "better_loading_gain": today["seconds"] / better["seconds"] if better and better is not today else None}
+    return Gains(node=head.node, today=today["option"], today_s=today["seconds"],
+                 repacked=best["option"], repacked_s=best["seconds"],
+                 repack_gain=today["seconds"] / best["seconds"],
+                 better_loading=better["option"] if better and better is not today else None,
+                 better_loading_gain=today["seconds"] / better["seconds"] if better and better is not today else None)
 
 
 class ReferenceRow(TypedDict):
@@ -218,7 +271,8 @@ class ReferenceRow(TypedDict):
     reference_usd: float | None
 
 
-class Speedup(TypedDict):
+@dataclass(frozen=True, slots=True)
+class Speedup:
     """On one node: blob time / compacted time, published and projected."""
 
     node: str
@@ -227,15 +281,45 @@ class Speedup(TypedDict):
     deviation: float
 
 
-def reference(headline: list[dict], plan: Plan) -> dict:
+@dataclass(frozen=True, slots=True)
+class CrossCheck:
+    """On one node whose compacted run is compute-bound: the device's step time its published time
+    implies (``slower`` times the projection's), and the small files projected again with it
+    against their own published time."""
+
+    node: str
+    device: str
+    device_how: str
+    step_s: float
+    implied_step_s: float
+    slower: float
+    blob_projected_s: float
+    blob_reference_s: float
+    blob_deviation: float
+
+
+@dataclass(frozen=True, slots=True)
+class Reference:
+    """A scenario's published times beside the projections (``rows``, as reference.json and
+    `storage-bench report --json` hold them), the speed-ups, the cross-checks, the scenario's
+    sources (knob -> where its value comes from) and whether every figure is within 25%."""
+
+    rows: list[ReferenceRow]
+    speedups: list[Speedup]
+    cross_checks: list[CrossCheck]
+    sources: dict[str, str]
+    within_25pct: bool
+
+
+def reference(headline: list[HeadlineNode], plan: Plan) -> Reference:
     """The scenario's published times beside the projections, each with its deviation, and the
     speed-ups (blob time / compacted time) on each node, published and projected."""
     sc = plan.scenario
     assert sc is not None, "reference() is only asked for a scenario's plan"
     rows: list[ReferenceRow] = []
     for ref in sc.references:
-        head = next((h for h in headline if h["node"] == ref.node), None)
-        row = next((r for r in head["rows"] if r["store"] == ref.store
+        head = next((h for h in headline if h.node == ref.node), None)
+        row = next((r for r in head.rows if r["store"] == ref.store
                     and r["loader"] == sc.loader_for(ref.store).name), None) if head else None
         projected = row["seconds"] if row else None
         hourly = row["usd_per_hour"] if row else None
@@ -245,9 +329,9 @@ def reference(headline: list[dict], plan: Plan) -> dict:
                      "projected_usd": row["usd_per_job"] if row else None,
                      "reference_usd": hourly * ref.seconds / 3600 if hourly else None})
     speedups: list[Speedup] = []
-    cross: list[dict] = []
+    cross: list[CrossCheck] = []
     for node in dict.fromkeys(r["node"] for r in rows):
-        check = cross_check(next(h for h in headline if h["node"] == node), [r for r in rows if r["node"] == node], sc)
+        check = cross_check(next(h for h in headline if h.node == node), [r for r in rows if r["node"] == node], sc)
         if check:
             cross.append(check)
         mine = {r["store"]: r for r in rows if r["node"] == node}
@@ -255,14 +339,14 @@ def reference(headline: list[dict], plan: Plan) -> dict:
         if blob and compacted and blob["projected_s"] and compacted["projected_s"]:
             published = blob["reference_s"] / compacted["reference_s"]
             projected = blob["projected_s"] / compacted["projected_s"]
-            speedups.append({"node": node, "published": published, "projected": projected,
-                             "deviation": projected / published - 1})
-    return {"rows": rows, "speedups": speedups, "cross_checks": cross, "sources": sc.sources,
-            "within_25pct": all(r["deviation"] is not None and abs(r["deviation"]) <= 0.25 for r in rows)
-            and all(abs(s["deviation"]) <= 0.25 for s in speedups)}
+            speedups.append(Speedup(node=node, published=published, projected=projected,
+                                    deviation=projected / published - 1))
+    return Reference(rows=rows, speedups=speedups, cross_checks=cross, sources=sc.sources,
+                     within_25pct=all(r["deviation"] is not None and abs(r["deviation"]) <= 0.25 for r in rows)
+                     and all(abs(s.deviation) <= 0.25 for s in speedups))
 
 
-def cross_check(head: dict, rows: list[ReferenceRow], sc: Scenario) -> dict | None:
+def cross_check(head: HeadlineNode, rows: list[ReferenceRow], sc: Scenario) -> CrossCheck | None:
     """Which knob would have to move, and whether the rest of the model holds if it did: when a
     node's compacted run is compute-bound, its published time implies the device's speed (the
     one knob no source here gives); the small files' time is then projected again with that
@@ -272,14 +356,15 @@ def cross_check(head: dict, rows: list[ReferenceRow], sc: Scenario) -> dict | No
     if not blob or not comp or not comp["projected_s"] or comp["bottleneck"] != "compute":
         return None
     slower = comp["reference_s"] / comp["projected_s"]
-    machine: Machine = head["machine"]
+    machine = head.machine
+    assert head.project is not None, "a scenario's headline node projects its options on another machine"
     implied = replace(machine, device=replace(machine.device, step_s=machine.device.step_s * slower))
-    again = next(r for r in head["project"](implied)
+    again = next(r for r in head.project(implied)
                  if r["store"] == "blob" and r["loader"] == sc.loader_for("blob").name)
-    return {"node": head["node"], "device": machine.device.name, "device_how": machine.device.how,
-            "step_s": machine.device.step_s, "implied_step_s": implied.device.step_s, "slower": slower,
-            "blob_projected_s": again["seconds"], "blob_reference_s": blob["reference_s"],
-            "blob_deviation": again["seconds"] / blob["reference_s"] - 1}
+    return CrossCheck(node=head.node, device=machine.device.name, device_how=machine.device.how,
+                      step_s=machine.device.step_s, implied_step_s=implied.device.step_s, slower=slower,
+                      blob_projected_s=again["seconds"], blob_reference_s=blob["reference_s"],
+                      blob_deviation=again["seconds"] / blob["reference_s"] - 1)
 
 
 def significant(value: float, digits: int = 2) -> float:

@@ -174,9 +174,22 @@ def mark_extremes(rows: list[dict]) -> None:
         r["cost_vs_cheapest"] = r["usd_per_job"] / cheapest["usd_per_job"] if cheapest and r["usd_per_job"] else None
 
 
-def recommend(projections: dict[str, list[dict]]) -> dict | None:
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    """The cheapest priced (store, instance) and the fastest, across stores: two projection rows."""
+
+    cheapest: dict
+    fastest: dict
+
+    def to_json(self) -> dict:
+        """As `storage-bench report --json` prints it (the rows as they are)."""
+        return {"cheapest": self.cheapest, "fastest": self.fastest}
+
+
+def recommend(projections: dict[str, list[dict]]) -> Recommendation | None:
     """The cheapest priced (store, instance) and the fastest, across stores."""
     rows = [r for rs in projections.values() for r in rs if r.get("usd_per_job")]
     if not rows:
         return None
-    return {"cheapest": min(rows, key=lambda r: r["usd_per_job"]), "fastest": min(rows, key=lambda r: r["seconds"])}
+    return Recommendation(cheapest=min(rows, key=lambda r: r["usd_per_job"]),
+                          fastest=min(rows, key=lambda r: r["seconds"]))

@@ -6,7 +6,7 @@ preprocessing to separate CPU workers (tf.data service)."""
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import cast
 
 from trainfeed.benchmarks.model.catalog import DbuRate, Instance, hourly_cost
@@ -24,9 +24,24 @@ SHOWN = 5
 HOST_CPU_BOUND = (DECODE, IO_CPU)
 
 
+@dataclass(frozen=True, slots=True)
+class Remedy:
+    """One GPU instance bound by its vCPUs: its projection row today, the vCPUs it needs, and each
+    remedy's projection row (None where the catalog has no candidate): a larger CPU:GPU instance
+    (its row holds ``workers``, the reader threads), the decoded pixels' store, offloading to CPU
+    workers (its row holds ``workers``, ``worker``, ``worker_vcpus``)."""
+
+    today: dict
+    vcpus_needed: int
+    bigger: dict | None
+    decoded: dict | None
+    offload: dict | None
+
+
 def remedies(cells: list[dict], catalog: list[Instance], store: str, decoded: str | None, loader: Loader,
              storage: ObjectStore | None, workload: Workload, projections: dict[str, list[dict]], *,
-             accelerators: dict[str, Accelerator] | None = None, dbu: dict[str, DbuRate] | None = None) -> list[dict]:
+             accelerators: dict[str, Accelerator] | None = None,
+             dbu: dict[str, DbuRate] | None = None) -> list[Remedy]:
     """For the cheapest GPU instances on which ``store`` (encoded images) is bound by the host's
     CPU (decode or I/O CPU): the vCPUs they need, and each remedy's row (None where the catalog
     has no candidate)."""
@@ -56,8 +71,8 @@ def remedies(cells: list[dict], catalog: list[Instance], store: str, decoded: st
             bigger_row["workers"] = threads
         decoded_row = (next((r for r in projections.get(decoded, []) if r["machine"] == inst.name), None)
                        if decoded else None)
-        out.append({"today": today, "vcpus_needed": need, "bigger": bigger_row, "decoded": decoded_row,
-                    "offload": _offload(inst, needs, layout, cells, catalog, accelerators, row)})
+        out.append(Remedy(today=today, vcpus_needed=need, bigger=bigger_row, decoded=decoded_row,
+                          offload=_offload(inst, needs, layout, cells, catalog, accelerators, row)))
     return out
 
 

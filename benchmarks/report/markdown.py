@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from datetime import datetime, timezone
 
+from trainfeed.benchmarks.model.advice import Advice
 from trainfeed.benchmarks.model.cost import Spot
 from trainfeed.benchmarks.model.measured import layout_of, loader_of, machine_of, storage_of
 from trainfeed.benchmarks.model.profiles import IO_CPU_SOURCE
@@ -22,11 +23,11 @@ def _storage_key(cell) -> tuple:
     return cell["storage"]["backend"], cell["storage"]["profile"], tuple(sorted(cell["connections"].items()))
 
 
-def markdown(cells, spread, locations, stores, nodes, frameworks, advice, notes, errors,
+def markdown(cells, spread, locations, stores, nodes, frameworks, advice: Advice, notes, errors,
              my_instance: str | None = None) -> str:
     any_cell = next(iter(cells.values()))
     env = any_cell["env"]
-    plan = advice["plan"]
+    plan = advice.plan
     same_storage = len({_storage_key(c) for c in cells.values()}) == 1
     lines = ["# Storage A/B report", "",
              f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · machine: {env['cores']} vCPUs, "
@@ -73,7 +74,7 @@ BINDS = {
 }
 
 
-def _binds(bottleneck: str, advice) -> str:
+def _binds(bottleneck: str, advice: Advice) -> str:
     """What sets the pace and what helps; never a faster GPU where the headline shows every GPU
     giving the same time."""
     if bottleneck == "compute" and _same_gpu_rows(advice):
@@ -82,7 +83,7 @@ def _binds(bottleneck: str, advice) -> str:
     return BINDS.get(bottleneck, f"{bottleneck} sets the pace")
 
 
-def _confidence(advice, cells, locations, contended, row: dict | None) -> tuple[str, list[str]]:
+def _confidence(advice: Advice, cells, locations, contended, row: dict | None) -> tuple[str, list[str]]:
     """How sure the answer is (high, medium, low) and why: cells measured under contention, too
     short or contradicting the model lower it to low; a GPU step time that is an estimate, not a
     measurement, to medium."""
@@ -107,14 +108,15 @@ def _confidence(advice, cells, locations, contended, row: dict | None) -> tuple[
     return "high", ["every input was measured on this machine or calibrated, and no cell is in doubt"]
 
 
-def _answer(advice, cells, locations, contended) -> list[str]:
+def _answer(advice: Advice, cells, locations, contended) -> list[str]:
     """The first screen: what to do, its time and cost per job, how sure, what binds."""
-    plan = advice["plan"]
+    plan = advice.plan
     w = plan.workload
-    rec = advice["recommendation"]
+    rec = advice.recommendation
     lines = ["## What to do", ""]
+    row: dict | None
     if rec:
-        ch, fa = rec["cheapest"], rec["fastest"]
+        ch, fa = rec.cheapest, rec.fastest
         spot = f"; spot {fmt_usd(ch['spot_usd_per_job'])}" if ch.get("spot_usd_per_job") else ""
         lines.append(f"**Use {ch['option']} on {ch['cloud']} {ch['machine']}**: {fmt_time(ch['seconds'])} and "
                      f"{fmt_usd(ch['usd_per_job'])} per job on demand ({fmt_usd(ch['usd_per_hour'])}/h{spot}) for "
@@ -129,7 +131,7 @@ def _answer(advice, cells, locations, contended) -> list[str]:
                          f"({fmt_ratio(ch['seconds'] / fa['seconds'])} faster, "
                          f"{fmt_ratio(fa['usd_per_job'] / ch['usd_per_job'])} the cost); bound by {fa['bottleneck']}.")
     else:
-        fastest = [r for h in advice["headline"] for r in h["rows"] if r.get("fastest")]
+        fastest = [r for h in advice.headline for r in h.rows if r.get("fastest")]
         row = fastest[0] if fastest else None
         if row is None:
             return lines + ["Nothing could be projected: see the failures below.", ""]
@@ -138,10 +140,10 @@ def _answer(advice, cells, locations, contended) -> list[str]:
                      "(no priced instance in the catalog, so no cost).")
         lines.append("")
         lines.append(f"- **What binds**: {row['bottleneck']}: {_binds(row['bottleneck'], advice)}.")
-    for g in filter(None, advice["gains"]):
-        if g["repack_gain"] >= GAIN_WORTH_SAYING:
-            lines.append(f"- **Repacking** on {g['node']}: {g['repacked']} is {fmt_ratio(g['repack_gain'])} faster "
-                         f"than {g['today']} ({fmt_time(g['repacked_s'])} vs {fmt_time(g['today_s'])}).")
+    for g in filter(None, advice.gains):
+        if g.repack_gain >= GAIN_WORTH_SAYING:
+            lines.append(f"- **Repacking** on {g.node}: {g.repacked} is {fmt_ratio(g.repack_gain)} faster "
+                         f"than {g.today} ({fmt_time(g.repacked_s)} vs {fmt_time(g.today_s)}).")
             break
     level, why = _confidence(advice, cells, locations, contended, row)
     lines.append(f"- **How sure**: {level}: {'; '.join(why)}.")
@@ -152,10 +154,10 @@ def _answer(advice, cells, locations, contended) -> list[str]:
 GAIN_WORTH_SAYING = 1.15
 
 
-def _same_gpu_rows(advice) -> list[str]:
+def _same_gpu_rows(advice: Advice) -> list[str]:
     """The GPU nodes of the headline whose every option projects to the same time (2 or more), or []."""
-    gpus = [h for h in advice["headline"] if h["machine"].device.is_gpu and h["rows"]]
-    times = {h["node"]: tuple(round(r["seconds"], 6) for r in h["rows"]) for h in gpus}
+    gpus = [h for h in advice.headline if h.machine.device.is_gpu and h.rows]
+    times = {h.node: tuple(round(r["seconds"], 6) for r in h.rows) for h in gpus}
     if len(times) < 2 or len(set(times.values())) != 1:
         return []
     return list(times)
@@ -165,63 +167,64 @@ def _deviation(d: float | None) -> str:
     return "-" if d is None else f"{d:+.0%}"
 
 
-def _reference_section(advice) -> list[str]:
-    ref, sc = advice["reference"], advice["plan"].scenario
+def _reference_section(advice: Advice) -> list[str]:
+    ref, sc = advice.reference, advice.plan.scenario
+    assert ref is not None and sc is not None, "only a scenario's report has a reference case"
     lines = [f"## Reference case: {sc.name}", "",
              f"Scenario `{sc.path}`. Published times beside this run's projections for the same workload "
              f"({sc.workload.total:,} samples, batch {sc.batch_size}); "
              "the model is the one every table below uses.", "",
              "| node | store, loader | projected | published | deviation | bottleneck | $/h | $ projected | "
              "$ at the published time |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in ref["rows"]:
+    for r in ref.rows:
         lines.append(f"| {r['node']} | {r['store']}, {sc.loader_for(r['store']).name} | {fmt_time(r['projected_s'])} | "
                      f"{fmt_time(r['reference_s'])} | {_deviation(r['deviation'])} | {r['bottleneck'] or '-'} | "
                      f"{fmt_usd(r['usd_per_hour'])} | {fmt_usd(r['projected_usd'])} | {fmt_usd(r['reference_usd'])} |")
     lines += ["", "| node | speed-up published | projected | deviation |", "|---|---|---|---|"]
-    for s in ref["speedups"]:
-        lines.append(f"| {s['node']} | {fmt_ratio(s['published'])} | {fmt_ratio(s['projected'])} | "
-                     f"{_deviation(s['deviation'])} |")
-    verdict = ("every figure within 25% of the paper" if ref["within_25pct"] else
+    for s in ref.speedups:
+        lines.append(f"| {s.node} | {fmt_ratio(s.published)} | {fmt_ratio(s.projected)} | "
+                     f"{_deviation(s.deviation)} |")
+    verdict = ("every figure within 25% of the paper" if ref.within_25pct else
                "not every figure is within 25% of the paper: see below which knob decides each")
     lines += ["", f"**{verdict}.**", ""]
-    for x in ref["cross_checks"]:
-        what = "CPU-seconds per step" if x["device"] == "cpu" else "seconds per step"
-        lines.append(f"- **{x['node']}**: its compacted run is compute-bound, so its published time implies the "
-                     f"device: {fmt_num(x['implied_step_s'], 3)} {what} where this projection used "
-                     f"{fmt_num(x['step_s'], 3)} "
-                     f"({x['device']}, {x['device_how']}), {fmt_ratio(x['slower'])} slower. With that device the small "
-                     f"files project to {fmt_time(x['blob_projected_s'])} against {fmt_time(x['blob_reference_s'])} "
-                     f"published ({_deviation(x['blob_deviation'])}): the storage and loader side of the model holds; "
+    for x in ref.cross_checks:
+        what = "CPU-seconds per step" if x.device == "cpu" else "seconds per step"
+        lines.append(f"- **{x.node}**: its compacted run is compute-bound, so its published time implies the "
+                     f"device: {fmt_num(x.implied_step_s, 3)} {what} where this projection used "
+                     f"{fmt_num(x.step_s, 3)} "
+                     f"({x.device}, {x.device_how}), {fmt_ratio(x.slower)} slower. With that device the small "
+                     f"files project to {fmt_time(x.blob_projected_s)} against {fmt_time(x.blob_reference_s)} "
+                     f"published ({_deviation(x.blob_deviation)}): the storage and loader side of the model holds; "
                      "the device's speed is the knob (`storage-bench calibrate` on the real node measures it).")
     lines += ["", "Knobs and their sources:", ""]
-    lines += [f"- {k}: {v}" for k, v in ref["sources"].items()]
+    lines += [f"- {k}: {v}" for k, v in ref.sources.items()]
     lines += ["- accelerator step time: " + "; ".join(sorted({f"{r['device']} {r['device_how']}"
-                                                          for h in advice["headline"] for r in h["rows"]})), ""]
+                                                          for h in advice.headline for r in h.rows})), ""]
     return lines
 
 
-def _headline(advice) -> list[str]:
-    plan = advice["plan"]
+def _headline(advice: Advice) -> list[str]:
+    plan = advice.plan
     w = plan.workload
     lines = [f"## Training time for {w.samples:,} samples x {w.epochs} epoch{'s' if w.epochs != 1 else ''}", "",
              "Projected by one model from the quantities measured here (see \"How the projections were made\"); "
              "the bottleneck is the resource that binds. The fastest option on each node is in bold.", ""]
-    opts = [o.label for o in advice["options"]]
+    opts = [o.label for o in advice.options]
     lines += ["| node | " + " | ".join(opts) + " |", "|---|" + "---|" * len(opts)]
-    for h in advice["headline"]:
-        rows = {r["option"]: r for r in h["rows"]}
+    for h in advice.headline:
+        rows = {r["option"]: r for r in h.rows}
         cells = []
         for o in opts:
             r = rows.get(o)
             text = f"{fmt_time(r['seconds'])} ({fmt_rate(r['samples_per_s'])}/s, {r['bottleneck']})" if r else "-"
             cells.append(f"**{text}**" if r and r.get("fastest") else text)
-        label = (f"{h['node']} ({h['instance']})" if h.get("instance")
-                 else h["rows"][0]["machine"] if h["rows"] else h["node"])
+        label = (f"{h.node} ({h.instance})" if h.instance
+                 else h.rows[0]["machine"] if h.rows else h.node)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines.append("")
     same = _same_gpu_rows(advice)
     if same:
-        bound = sorted({r["bottleneck"] for h in advice["headline"] if h["node"] in same for r in h["rows"]})
+        bound = sorted({r["bottleneck"] for h in advice.headline if h.node in same for r in h.rows})
         why = ("each step lasts the profile's per-step floor (an estimate at this small a model and batch)"
                if bound == ["compute"] else
                f"every option is bound by the same thing on each ({', '.join(bound)}), and a compute-bound step "
@@ -231,19 +234,19 @@ def _headline(advice) -> list[str]:
                      "here (a larger batch, or `storage-bench calibrate` on the real GPU, says more).")
     little = []
     said: dict[str, list[str]] = {}  # the same finding on several nodes is written once, naming them all
-    for g in filter(None, advice["gains"]):
-        if g["repack_gain"] < GAIN_WORTH_SAYING and not g["better_loading"]:
-            little.append(g["node"])  # said once for all such nodes, below
+    for g in filter(None, advice.gains):
+        if g.repack_gain < GAIN_WORTH_SAYING and not g.better_loading:
+            little.append(g.node)  # said once for all such nodes, below
             continue
-        if g["repack_gain"] >= GAIN_WORTH_SAYING:
-            text = (f"repacking ({g['repacked']}) is **{fmt_ratio(g['repack_gain'])}** faster than "
-                    f"{g['today']} ({fmt_time(g['repacked_s'])} vs {fmt_time(g['today_s'])})")
+        if g.repack_gain >= GAIN_WORTH_SAYING:
+            text = (f"repacking ({g.repacked}) is **{fmt_ratio(g.repack_gain)}** faster than "
+                    f"{g.today} ({fmt_time(g.repacked_s)} vs {fmt_time(g.today_s)})")
         else:
-            text = (f"repacking ({g['repacked']}) changes little ({fmt_time(g['repacked_s'])} vs "
-                    f"{fmt_time(g['today_s'])} for {g['today']}): the layout is not what binds there")
-        if g["better_loading"]:
-            text += f"; better loading alone ({g['better_loading']}) would be {fmt_ratio(g['better_loading_gain'])}"
-        said.setdefault(text, []).append(g["node"])
+            text = (f"repacking ({g.repacked}) changes little ({fmt_time(g.repacked_s)} vs "
+                    f"{fmt_time(g.today_s)} for {g.today}): the layout is not what binds there")
+        if g.better_loading:
+            text += f"; better loading alone ({g.better_loading}) would be {fmt_ratio(g.better_loading_gain)}"
+        said.setdefault(text, []).append(g.node)
     lines += [f"- **{', '.join(nodes)}**: {text}." for text, nodes in said.items()]
     if little:
         lines.append(f"- **{', '.join(little)}**: repacking changes little (under "
@@ -251,16 +254,16 @@ def _headline(advice) -> list[str]:
     return lines + [""]
 
 
-def _feeds_section(advice) -> list[str]:
+def _feeds_section(advice: Advice) -> list[str]:
     """Per GPU: the GB/s it reads at its own rate and the vCPUs busy feeding it (model.feed)."""
-    if not advice["feeds"]:
+    if not advice.feeds:
         return []
-    storage = advice["plan"].storage
+    storage = advice.plan.storage
     where = storage.name if storage else "local disk"
     io = (f"the storage client's I/O CPU (GB/s x CPU-s per GB at the loader's requests in flight: "
           f"{storage.io_cpu_source})" if storage else
           "no I/O CPU apart (local reads are in the reader's measured CPU)")
-    opts = [o.label for o in advice["options"]]
+    opts = [o.label for o in advice.options]
     lines = [f"## vCPUs to feed one GPU from {where}", "",
              f"One GPU at its own rate (samples/s from its step time) reading each option from {where}: the GB/s it "
              f"takes and the vCPUs busy for it: {io}, decode (the reader's CPU per sample, measured here) and the "
@@ -268,12 +271,12 @@ def _feeds_section(advice) -> list[str]:
              "The model's `io-cpu`, `decode` and remedies use the same figures.", "",
              "| GPU | " + " | ".join(opts) + " |", "|---|" + "---|" * len(opts)]
     rows: dict[tuple, list[str]] = {}  # GPUs with the same figures (at the per-step floor, say) share a row
-    for row in advice["feeds"]:
-        d = row["device"]
-        first = next(iter(row["feeds"].values()))
+    for row in advice.feeds:
+        d = row.device
+        first = next(iter(row.feeds.values()))
         cells = []
         for o in opts:
-            f = row["feeds"][o]
+            f = row.feeds[o]
             per_gb = f" at {f.io_cpu_s_per_gb:.2f} CPU-s/GB" if storage else ""
             cells.append(f"{fmt_num(f.gb_per_s)} GB/s{per_gb}: {f.describe()}")
         rows.setdefault((d.how, fmt_rate(first.samples_per_s), *cells), []).append(d.name)
@@ -328,12 +331,12 @@ RAM_FOOTNOTE = ("[ram] the dataset does not fit in 80% of the instance's RAM: ep
                 "again, not the page cache (the full note per instance: costs.csv)")
 
 
-def _pick_costs(advice, my_instance: str | None = None) -> list[tuple[str, dict]]:
+def _pick_costs(advice: Advice, my_instance: str | None = None) -> list[tuple[str, dict]]:
     """The few cost rows that matter, each with why it is listed: the fastest and the cheapest
     of all, the best per dollar on each kind of node (a GPU model, or CPU only), the
     scenario's own instances or ``my_instance`` (`--my-instance`: its cheapest option), and the
     small files on the cheapest instance (what today costs)."""
-    rows = [r for rs in advice["projections"].values() for r in rs]
+    rows = [r for rs in advice.projections.values() for r in rs]
     if not rows:
         return []
     picked: dict[int, tuple[str, dict]] = {}
@@ -360,7 +363,7 @@ def _pick_costs(advice, my_instance: str | None = None) -> list[tuple[str, dict]
         if mine:
             pick(min(mine, key=lambda r: (r["usd_per_job"] is None, r["usd_per_job"] or 0, r["seconds"])),
                  "your instance")
-    sc = advice["plan"].scenario
+    sc = advice.plan.scenario
     if sc is not None:
         for n in sc.nodes:
             mine = [r for r in rows if r["machine"] == n.instance]
@@ -370,13 +373,13 @@ def _pick_costs(advice, my_instance: str | None = None) -> list[tuple[str, dict]
                                                      wr[1]["seconds"]))
 
 
-def _costs_section(advice, my_instance: str | None = None) -> list[str]:
+def _costs_section(advice: Advice, my_instance: str | None = None) -> list[str]:
     """Only the rows that matter (``_pick_costs``); the whole catalog is in costs.csv and, folded,
     in report.html."""
     picked = _pick_costs(advice, my_instance)
     if not picked:
         return []
-    total = sum(len(rs) for rs in advice["projections"].values())
+    total = sum(len(rs) for rs in advice.projections.values())
     lines = ["## What it costs", "",
              f"The options that matter, of {total:,} projected (every store on every instance of the catalog: "
              "costs.csv, and folded below in report.html). $/h is the instance's price per hour (plus Databricks "
@@ -400,12 +403,12 @@ def _costs_section(advice, my_instance: str | None = None) -> list[str]:
     return lines
 
 
-def catalog_markdown(advice) -> str:
+def catalog_markdown(advice: Advice) -> str:
     """Every projected catalog row, one table per option: what report.html folds away under the
     costs that matter."""
     lines = []
     ram = False
-    for label, rows in advice["projections"].items():
+    for label, rows in advice.projections.items():
         if not rows:
             continue
         lines += [f"**{label}**", "",
@@ -433,10 +436,10 @@ def catalog_markdown(advice) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _remedies_section(advice) -> list[str]:
+def _remedies_section(advice: Advice) -> list[str]:
     """Per GPU instance bound by its vCPUs (decode or I/O CPU): the vCPUs it needs, and three remedies
     with time and cost."""
-    if not advice["remedies"]:
+    if not advice.remedies:
         return []
     lines = ["## The preprocessing bottleneck: remedies", "",
              "Where the instance's vCPUs cannot keep its GPUs busy (decoding encoded images, or the storage client's "
@@ -446,18 +449,18 @@ def _remedies_section(advice) -> list[str]:
              "decode), and offloading reading and preprocessing to CPU instances running tf.data service workers "
              "(`train --data-service`; TensorFlow's decode costs ~2.7x Pillow's CPU per image, `make "
              "bench-decode`). Times and $ per job (on demand).", ""]
-    for store, rows in advice["remedies"].items():
+    for store, rows in advice.remedies.items():
         lines += [f"**{store}**", "", "| instance | today | vCPUs / needed | larger CPU:GPU instance | "
                   "decoded pixels | offload to CPU workers |", "|---|---|---|---|---|---|"]
         for fix in rows:
-            t = fix["today"]
-            lines.append(f"| {t['cloud']} {t['machine']} | {_when(t)} | {t['vcpus']} / {fix['vcpus_needed']} | "
-                         + (f"{fix['bigger']['machine']} --workers {fix['bigger']['workers']}: {_when(fix['bigger'])}"
-                            if fix["bigger"] else "none in the catalog")
-                         + " | " + (_when(fix["decoded"]) if fix["decoded"]
+            t = fix.today
+            lines.append(f"| {t['cloud']} {t['machine']} | {_when(t)} | {t['vcpus']} / {fix.vcpus_needed} | "
+                         + (f"{fix.bigger['machine']} --workers {fix.bigger['workers']}: {_when(fix.bigger)}"
+                            if fix.bigger else "none in the catalog")
+                         + " | " + (_when(fix.decoded) if fix.decoded
                                     else "not measured (--image-storage decoded)")
-                         + " | " + (f"{fix['offload']['workers']} x {fix['offload']['worker']}: {_when(fix['offload'])}"
-                                    if fix["offload"] else "no CPU instance priced")
+                         + " | " + (f"{fix.offload['workers']} x {fix.offload['worker']}: {_when(fix.offload)}"
+                                    if fix.offload else "no CPU instance priced")
                          + " |")
         lines.append("")
     return lines
@@ -475,8 +478,8 @@ def _limit(row: dict) -> tuple[str, bool]:
     return row["bottleneck"] + (" [ram]" if short else ""), short
 
 
-def _method(advice, notes) -> list[str]:
-    plan = advice["plan"]
+def _method(advice: Advice, notes) -> list[str]:
+    plan = advice.plan
     storage = plan.storage
     lines = ["## How the projections were made", "",
              "- One model for every table (trainfeed.benchmarks.model.projection): each resource sustains a rate "
@@ -493,7 +496,7 @@ def _method(advice, notes) -> list[str]:
              "`bandwidth` (streams x per-stream MB/s), `network` (the NIC); a measured cell can also be `contention` "
              "(below the model while the device should set the pace) or `ram` (the node swapped).",
              "- Request concurrency is the loader's own, never scaled with vCPUs: "
-             + "; ".join(dict.fromkeys(o.loader.describe() for o in advice["options"])) + ".",
+             + "; ".join(dict.fromkeys(o.loader.describe() for o in advice.options)) + ".",
              f"- Storage: {storage.name}: {storage.first_byte_ms:g} ms first byte, {storage.stream_mb_per_s:g} MB/s "
              f"per stream, at most {storage.max_concurrency} in flight ({storage.source}); the client's CPU-s per GB: "
              + ", ".join(f"{v:.2f} at {c}" for c, v in storage.io_cpu_figures.items())

@@ -8,7 +8,7 @@ import csv
 from pathlib import Path
 
 from trainfeed.benchmarks.ab.results import load_results
-from trainfeed.benchmarks.model.advice import build_advice, plan_for
+from trainfeed.benchmarks.model.advice import Advice, Reference, build_advice, plan_for
 from trainfeed.benchmarks.model.catalog import CATALOG, load_catalog, load_dbu_rates
 from trainfeed.benchmarks.model.cost import Workload
 from trainfeed.benchmarks.model.measured import STAGES
@@ -76,7 +76,7 @@ def build(out: str, *, target_samples: int = 650_000, target_epochs: int = 5, ca
     frameworks = list(dict.fromkeys(k[2] for k in cells))
     instances, notes = load_catalog(catalog)
     check_instance(my_instance, instances, catalog)
-    advice = None
+    advice: Advice | None = None
     catalog_md = ""
     _write_csv(outdir / "results.csv", cells.values(), failed.values())
     if cells:
@@ -87,9 +87,9 @@ def build(out: str, *, target_samples: int = 650_000, target_epochs: int = 5, ca
         md = markdown(cells, _spread(records), locations, stores, nodes, frameworks, advice, notes, errors,
                       my_instance)
         catalog_md = catalog_markdown(advice)
-        _write_costs(outdir / "costs.csv", advice["projections"])
-        if advice["reference"]:
-            _write_reference(outdir / "reference.json", advice["reference"])
+        _write_costs(outdir / "costs.csv", advice.projections)
+        if advice.reference:
+            _write_reference(outdir / "reference.json", advice.reference)
     else:
         md = markdown_nothing_measured(records, errors)
     (outdir / "report.md").write_text(md)
@@ -98,8 +98,8 @@ def build(out: str, *, target_samples: int = 650_000, target_epochs: int = 5, ca
             "results_csv": str(outdir / "results.csv"),
             "costs_csv": str(outdir / "costs.csv") if cells else None, "cells": len(cells), "errors": len(errors),
             "failed_cells": len(failed), "first_error": _failure_line(errors[0]) if errors else None,
-            "recommendation": advice and advice["recommendation"],
-            "reference": advice and advice["reference"] and advice["reference"]["rows"]}
+            "recommendation": advice.recommendation.to_json() if advice and advice.recommendation else None,
+            "reference": advice.reference.rows if advice and advice.reference else None}
 
 
 def check_instance(name: str | None, instances, catalog: Path) -> None:
@@ -113,12 +113,12 @@ def check_instance(name: str | None, instances, catalog: Path) -> None:
                      + (f"; did you mean {', '.join(near)}?" if near else "; `storage-bench prices` lists it"))
 
 
-def _write_reference(path: Path, ref: dict) -> None:
+def _write_reference(path: Path, ref: Reference) -> None:
     """reference.json: every cell the scenario gives a published time for, projected beside it."""
     import json
 
     rows = [{"node": r["node"], "store": r["store"], "projected_s": r["projected_s"], "reference_s": r["reference_s"]}
-            for r in ref["rows"]]
+            for r in ref.rows]
     path.write_text(json.dumps(rows, indent=1) + "\n")
 
 

@@ -49,12 +49,12 @@ def test_headline_row_of_a_node_equals_the_catalog_row_of_its_twin():
     plan = plan_for(cells, Workload(96_000, 1), baseline=Loader("one at a time", 1, 1, True))
     advice = build_advice(cells, catalog, {}, plan, ["blob", "delta"])
     for node, twin in (("t4", "twin-t4"), ("cpu", "twin-cpu")):
-        head = next(h for h in advice["headline"] if h["node"] == node)
-        for row in head["rows"]:
-            catalog_row = next(r for r in advice["projections"][row["option"]] if r["machine"] == twin)
+        head = next(h for h in advice.headline if h.node == node)
+        for row in head.rows:
+            catalog_row = next(r for r in advice.projections[row["option"]] if r["machine"] == twin)
             assert {k: row[k] for k in KEYS[:4]} == {k: catalog_row[k] for k in KEYS[:4]}, (node, row["option"])
     # the small files' latency penalty does not vanish on a 64-vCPU instance: one GET in flight, 20 ms + 6 ms
-    blob = {r["machine"]: r for r in advice["projections"]["blob, one at a time"]}
+    blob = {r["machine"]: r for r in advice.projections["blob, one at a time"]}
     for name in ("twin-t4", "big-t4"):
         assert blob[name]["samples_per_s"] == pytest.approx(1 / (0.02 + 360_000 / 60e6)), name
         assert blob[name]["bottleneck"] == "io-latency", name
@@ -130,11 +130,11 @@ def test_scenario_nodes_in_the_headline_equal_their_catalog_rows(tmp_path):
                instance("cpu-box", 16, on_demand=0.8, dbu=3.0), instance("other", 8, on_demand=0.4)]
     dbu = {"azure": DbuRate("azure", "premium", "jobs", 0.3, "2026-01-01", "test")}
     advice = build_advice(cells, catalog, dbu, plan_for(cells, Workload(1, 1), scenario=sc), ["blob", "delta"])
-    for head in advice["headline"]:
-        for row in head["rows"]:
-            catalog_row = next(r for r in advice["projections"][row["option"]] if r["machine"] == head["instance"])
-            assert {k: row[k] for k in KEYS} == {k: catalog_row[k] for k in KEYS}, (head["node"], row["option"])
-    gpu = {r["option"]: r for r in advice["headline"][0]["rows"]}
+    for head in advice.headline:
+        for row in head.rows:
+            catalog_row = next(r for r in advice.projections[row["option"]] if r["machine"] == head.instance)
+            assert {k: row[k] for k in KEYS} == {k: catalog_row[k] for k in KEYS}, (head.node, row["option"])
+    gpu = {r["option"]: r for r in advice.headline[0].rows}
     # one at a time, no prefetch: 0.4 / 32 + 0.0005 + (50 ms + 360,000 B / 60 MB/s) = 0.069 s a sample
     assert gpu["blob, one at a time"]["samples_per_s"] == pytest.approx(1 / (0.4 / 32 + 0.0005 + 0.056))
     # the T4's 80/s binds the Delta table (10 parts of 8 MB in flight deliver far more)
@@ -142,17 +142,18 @@ def test_scenario_nodes_in_the_headline_equal_their_catalog_rows(tmp_path):
     # $0.5/h + 1 DBU x $0.30 = $0.80/h, for 19,200 samples at 80/s (240 s)
     assert gpu["delta"]["usd_per_hour"] == pytest.approx(0.8)
     assert gpu["delta"]["usd_per_job"] == pytest.approx(0.8 * 240 / 3600)
-    ref = {r["store"]: r for r in advice["reference"]["rows"]}
+    assert advice.reference is not None
+    ref = {r["store"]: r for r in advice.reference.rows}
     assert ref["delta"]["projected_s"] == pytest.approx(240)
     assert ref["delta"]["deviation"] == pytest.approx(240 / 600 - 1)
     blob_s = 19_200 * (0.4 / 32 + 0.0005 + 0.056)
     assert ref["blob"]["deviation"] == pytest.approx(blob_s / 3600 - 1)
-    speedup = advice["reference"]["speedups"][0]
-    assert (speedup["published"], speedup["projected"]) == (pytest.approx(6.0), pytest.approx(blob_s / 240))
+    speedup = advice.reference.speedups[0]
+    assert (speedup.published, speedup.projected) == (pytest.approx(6.0), pytest.approx(blob_s / 240))
     # the published Delta time implies a step 2.5x slower (1.0 s); the small files projected again with it
-    check = advice["reference"]["cross_checks"][0]
-    assert check["implied_step_s"] == pytest.approx(1.0)
-    assert check["blob_projected_s"] == pytest.approx(19_200 * (1.0 / 32 + 0.0005 + 0.056))
+    check = advice.reference.cross_checks[0]
+    assert check.implied_step_s == pytest.approx(1.0)
+    assert check.blob_projected_s == pytest.approx(19_200 * (1.0 / 32 + 0.0005 + 0.056))
 
 
 def test_report_of_a_scenario_run_writes_reference_json(tmp_path):
@@ -212,7 +213,7 @@ def test_a_calibrated_profile_replaces_the_estimate_in_every_row_of_its_gpu():
                   accelerator=asdict(t4))]
     catalog = [instance("one-t4", 8, 1, "NVIDIA T4", on_demand=1.0), instance("four-t4", 48, 4, "NVIDIA T4")]
     advice = build_advice(cells, catalog, {}, plan_for(cells, Workload(32_000, 1)), ["delta"])
-    rows = {r["machine"]: r for r in advice["projections"]["delta"]}
+    rows = {r["machine"]: r for r in advice.projections["delta"]}
     assert {(r["device"], r["device_how"]) for r in rows.values()} == {("t4", "calibrated")}
     assert rows["one-t4"]["samples_per_s"] == pytest.approx(32 / 0.2)  # not the 80/s the estimate gives
     assert rows["four-t4"]["samples_per_s"] == pytest.approx(4 * 32 / 0.2)

@@ -96,5 +96,7 @@ def test_recommend_the_cheapest_and_the_fastest_priced_rows():
     rows = project_catalog(MEASURED, CATALOG, "parquet", READER, None, WORKLOAD)
     slow = [dict(r, machine="slow", seconds=99_999.0, usd_per_job=0.5) for r in rows[:1]]
     rec = recommend({"parquet": rows, "delta": slow})
-    assert (rec["cheapest"]["machine"], rec["fastest"]["machine"]) == ("slow", "cpu8")
+    assert rec is not None
+    assert (rec.cheapest["machine"], rec.fastest["machine"]) == ("slow", "cpu8")
+    assert rec.to_json() == {"cheapest": rec.cheapest, "fastest": rec.fastest}
     assert recommend({"parquet": [r for r in rows if r["machine"] == "cpu2"]}) is None  # nothing priced

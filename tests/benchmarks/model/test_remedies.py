@@ -39,26 +39,26 @@ def advice():
 
 
 def test_remedies_for_a_decode_bound_gpu_instance():
-    fixes = advice()["remedies"]["parquet-encoded"]
+    fixes = advice().remedies["parquet-encoded"]
     # every T4 instance is decode-bound with 4 reader threads: 160/s, 600 s; cheapest first
-    assert [(f["today"]["machine"], f["today"]["seconds"], f["vcpus_needed"]) for f in fixes] == [
+    assert [(f.today["machine"], f.today["seconds"], f.vcpus_needed) for f in fixes] == [
         ("g-small", pytest.approx(600), 8), ("g-mid", pytest.approx(600), 8), ("g-big", pytest.approx(600), 8)]
     small = fixes[0]
-    assert small["today"]["usd_per_job"] == pytest.approx(1.0 * 600 / 3600)
+    assert small.today["usd_per_job"] == pytest.approx(1.0 * 600 / 3600)
     # larger CPU:GPU: the cheapest T4 instance with >= 8 vCPUs, 8 reader threads: 320/s, 300 s at $1.5/h
-    assert (small["bigger"]["machine"], small["bigger"]["samples_per_s"]) == ("g-mid", pytest.approx(320))
-    assert small["bigger"]["usd_per_job"] == pytest.approx(1.5 * 300 / 3600)
+    assert (small.bigger["machine"], small.bigger["samples_per_s"]) == ("g-mid", pytest.approx(320))
+    assert small.bigger["usd_per_job"] == pytest.approx(1.5 * 300 / 3600)
     # decoded pixels on the same instance: the T4's 320/s
-    assert (small["decoded"]["machine"], small["decoded"]["seconds"]) == ("g-small", pytest.approx(300))
+    assert (small.decoded["machine"], small.decoded["seconds"]) == ("g-small", pytest.approx(300))
     # offload: ceil(8 x 2.69) = 22 vCPUs of TF decode, the cheapest per vCPU is cpu-w (4 vCPUs, $0.05 a vCPU):
     # 6 of them, 24 vCPUs at 25 ms x 2.69 a sample: 356.6/s, the T4's 320/s binds; $1.0 + 6 x $0.2 an hour
-    off = small["offload"]
+    off = small.offload
     assert (off["workers"], off["worker"], off["worker_vcpus"]) == (6, "cpu-w", 24)
     assert off["samples_per_s"] == pytest.approx(320) and off["bottleneck"] == "compute"
     assert off["limits"]["decode"] == pytest.approx(24 / (0.025 * OFFLOAD_CPU_FACTOR))
     assert off["usd_per_job"] == pytest.approx(2.2 * 300 / 3600)
     # an instance that has the vCPUs already needs only the reader threads to use them
-    mid = fixes[1]["bigger"]
+    mid = fixes[1].bigger
     assert (mid["machine"], mid["workers"], mid["samples_per_s"]) == ("g-mid", 8, pytest.approx(320))
 
 
@@ -100,18 +100,18 @@ def test_remedies_when_the_storage_clients_cpu_binds():
     rec["verdict"] = verdict(rec)
     assert rec["verdict"]["bottleneck"] == "io-cpu"
     cells = [rec]
-    fixes = build_advice(cells, CATALOG, {}, plan_for(cells, Workload(96_000, 1)), ["parquet-encoded"])["remedies"]
+    fixes = build_advice(cells, CATALOG, {}, plan_for(cells, Workload(96_000, 1)), ["parquet-encoded"]).remedies
     # only the 4-vCPU instance is bound by its vCPUs (8 carry 8 / 0.0155 = 516/s)
     [small] = fixes["parquet-encoded"]
-    assert (small["today"]["machine"], small["today"]["bottleneck"], small["vcpus_needed"]) == ("g-small", "io-cpu", 5)
-    assert small["today"]["samples_per_s"] == pytest.approx(4 / 0.0155)
+    assert (small.today["machine"], small.today["bottleneck"], small.vcpus_needed) == ("g-small", "io-cpu", 5)
+    assert small.today["samples_per_s"] == pytest.approx(4 / 0.0155)
     # larger CPU:GPU: g-mid (8 vCPUs) with 5 reader threads keeps the T4's 320/s: 300 s at $1.5/h
-    assert (small["bigger"]["machine"], small["bigger"]["workers"]) == ("g-mid", 5)
-    assert small["bigger"]["samples_per_s"] == pytest.approx(320) and small["bigger"]["bottleneck"] == "compute"
-    assert small["decoded"] is None  # no decoded store measured
+    assert (small.bigger["machine"], small.bigger["workers"]) == ("g-mid", 5)
+    assert small.bigger["samples_per_s"] == pytest.approx(320) and small.bigger["bottleneck"] == "compute"
+    assert small.decoded is None  # no decoded store measured
     # offload: the workers read and decode: ceil(4.8 + 0.16 x 2.69) = 6 vCPUs, 2 x cpu-w (8 vCPUs, $0.4/h);
     # 8 / (0.015 + 0.0005 x 2.69) = 489/s: the T4's 320/s binds; $1.0 + $0.4 an hour for 300 s
-    off = small["offload"]
+    off = small.offload
     assert (off["workers"], off["worker"], off["worker_vcpus"]) == (2, "cpu-w", 8)
     assert off["samples_per_s"] == pytest.approx(320) and off["bottleneck"] == "compute"
     assert off["usd_per_job"] == pytest.approx(1.4 * 300 / 3600)
