@@ -16,6 +16,7 @@ from typing import Any, Callable
 from trainfeed.benchmarks.ab.config import CELL_ERRORS, IMAGE_STORAGES, REAL_NODES, STORES, MatrixConfig
 from trainfeed.benchmarks.ab.measure import (
     CellReading,
+    IngestResult,
     compute_only_tf,
     compute_only_torch,
     emulated_run,
@@ -128,7 +129,7 @@ def _run(cfg: MatrixConfig, backend: Backend, results: ResultsFile, env: dict, l
     names, staged, failed = stage_stores(cfg, backend, log)
     compute: dict[tuple[str, str], tuple[float, str, float | None]] = {}
     grid = [(node, framework) for node in cfg.nodes for framework in cfg.frameworks]
-    ingest: dict[str, dict] = {}
+    ingest: dict[str, IngestResult] = {}
     if isinstance(progress, MatrixProgress):
         progress.total_cells = cfg.repeats * len(names) * len(grid)
     index = 0
@@ -163,13 +164,14 @@ def _run(cfg: MatrixConfig, backend: Backend, results: ResultsFile, env: dict, l
                 cell = {"kind": "cell", "results_version": RESULTS_VERSION, "repeat": rep, "store": store_name,
                         "node": node, "framework": framework, "batch_size": cfg.batch_size, "width": cfg.width,
                         "sample_shape": list(st.shape), "sample_bytes": st.sample_bytes,
-                        "image_storage": st.image_storage, "stages": st.stages,
+                        "image_storage": st.image_storage,
+                        "stages": asdict(st.stages) if st.stages is not None else None,
                         "flops_per_step": flops_step, "storage": storage_record(backend, st.url),
                         "connections": connections(cfg, backend), "env": env, "page_cache": "warm after the first read"}
                 try:
                     cell.update(_measure_cell(cfg, node, framework, st, ropts, flops_step, compute,
                                               out / "cells" / f"{store_name}-{node}-{framework}-{rep}", progress))
-                    cell["ingest_only"] = ingest[store_name]
+                    cell["ingest_only"] = asdict(ingest[store_name])
                     cell["checks"] = checks(cell)
                     cell["verdict"] = verdict(cell)
                 except CELL_ERRORS as exc:
@@ -182,18 +184,18 @@ def _run(cfg: MatrixConfig, backend: Backend, results: ResultsFile, env: dict, l
 
 
 
-def _logged(log: Callable[[str], None], name: str, measure: Callable[[], dict]) -> dict:
+def _logged(log: Callable[[str], None], name: str, measure: Callable[[], IngestResult]) -> IngestResult:
     """An ingest-only measurement, with a progress line as it starts and one as it ends."""
     log(f"{name}: start")
     t0 = time.perf_counter()
     res = measure()
-    rate = f"{res['samples_per_s']:.1f} samples/s" if res["samples_per_s"] else "too few batches to time"
-    log(f"{name}: {rate}, {res['samples']} samples ({time.perf_counter() - t0:.1f} s)")
+    rate = f"{res.samples_per_s:.1f} samples/s" if res.samples_per_s else "too few batches to time"
+    log(f"{name}: {rate}, {res.samples} samples ({time.perf_counter() - t0:.1f} s)")
     return res
 
 
-def location_effect(cfg: MatrixConfig, backend: Backend, staged: dict, ingest: dict, results: ResultsFile,
-                    env: dict, log: Callable[[str], None]) -> None:
+def location_effect(cfg: MatrixConfig, backend: Backend, staged: dict, ingest: dict[str, IngestResult],
+                    results: ResultsFile, env: dict, log: Callable[[str], None]) -> None:
     """The location effect: the compacted store that ingested fastest on the backend, read again
     from local disk as it is (a copy downloaded from the backend; on the local backend the store
     itself, without the emulation), with the same reader and connection budget. Nothing to
@@ -201,17 +203,18 @@ def location_effect(cfg: MatrixConfig, backend: Backend, staged: dict, ingest: d
     compacted = {s: r for s, r in ingest.items() if s != "blob"}
     if not compacted or (backend.kind == "local" and not backend.profile):
         return
-    best = max(compacted, key=lambda s: compacted[s]["samples_per_s"] or 0)
+    best = max(compacted, key=lambda s: compacted[s].samples_per_s or 0)
     name = f"location effect {best}: ingest-only from local disk"
     rec = {"kind": "location-effect", "results_version": RESULTS_VERSION, "repeat": cfg.repeats - 1, "store": best,
            "storage": backend.describe(staged[best].url), "connections": connections(cfg, backend), "env": env,
-           "on_storage": compacted[best]}
+           "on_storage": asdict(compacted[best])}
     try:
         path = local_copy(staged[best].url, backend,
                           Path(cfg.out) / "local-copy" / posixpath.basename(staged[best].url))
         local = StoreSource(path, {}, staged[best].source.fmt)
         rec["local_copy"] = path
-        rec["local_disk"] = _logged(log, name, lambda: ingest_only(local, reader_options(cfg, local), cfg.steps))
+        rec["local_disk"] = asdict(_logged(log, name,
+                                           lambda: ingest_only(local, reader_options(cfg, local), cfg.steps)))
     except CELL_ERRORS as exc:
         log(f"{name}: failed: {redact(exc)}")
         results.add(error_record(cfg.repeats - 1, best, None, None, "location-effect", redact(exc), env))

@@ -66,7 +66,28 @@ def _no_step(done: int) -> None:
     """The default step callback: no progress display."""
 
 
-def ingest_only(src: StoreSource, reading: CellReading, steps: int, on_step: Callable[[int], None] = _no_step) -> dict:
+@dataclass(frozen=True, slots=True)
+class IngestResult:
+    """An ingest-only pass (``ingest_only``), as a cell records it (``asdict``: results.jsonl's
+    ``ingest_only``, a location effect's ``on_storage`` and ``local_disk``). Rates over the timed
+    window (None: nothing timed); ``samples`` and the CPU figures over the whole pass; ``requests``:
+    the latency emulation's counters (None: storage as it is); ``load``: ``LoadMonitor.summary``."""
+
+    samples_per_s: float | None
+    mb_per_s: float | None
+    samples: int
+    timed_samples: int
+    seconds: float
+    extra_epochs: int
+    cpu_s: float
+    cpu_s_per_sample: float | None
+    requests: dict | None
+    ids_labels_sha256: str
+    load: dict
+
+
+def ingest_only(src: StoreSource, reading: CellReading, steps: int,
+                on_step: Callable[[int], None] = _no_step) -> IngestResult:
     """The reader alone for ``steps`` batches after a warm-up batch (as the real run's first step
     is warm-up): its wall rate over the timed window, and what the projection model uses — the
     process CPU-seconds and, behind the latency emulation, the requests and bytes per sample,
@@ -99,12 +120,11 @@ def ingest_only(src: StoreSource, reading: CellReading, steps: int, on_step: Cal
     cpu_s = time.process_time() - cpu_open
     stats = requests.stats() if requests else None  # per sample of the first pass, as cpu_s
     seconds, timed, timed_bytes, extra = _extend(store, reading.epoch, seconds, timed, timed_bytes)
-    return {"samples_per_s": timed / seconds if seconds and timed else None,
-            "mb_per_s": timed_bytes / seconds / 1e6 if seconds and timed else None, "samples": tally.samples,
-            "timed_samples": timed, "seconds": seconds, "extra_epochs": extra, "cpu_s": cpu_s,
-            "cpu_s_per_sample": cpu_s / tally.samples if tally.samples else None,
-            "requests": stats, "ids_labels_sha256": tally.digest,
-            "load": load.summary()}
+    return IngestResult(samples_per_s=timed / seconds if seconds and timed else None,
+                        mb_per_s=timed_bytes / seconds / 1e6 if seconds and timed else None, samples=tally.samples,
+                        timed_samples=timed, seconds=seconds, extra_epochs=extra, cpu_s=cpu_s,
+                        cpu_s_per_sample=cpu_s / tally.samples if tally.samples else None,
+                        requests=stats, ids_labels_sha256=tally.digest, load=load.summary())
 
 
 def _extend(store, opts: EpochOptions, seconds: float, timed: int, timed_bytes: int) -> tuple[float, int, int, int]:

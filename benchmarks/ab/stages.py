@@ -7,6 +7,7 @@ in no stage: what is left between these figures and the reader's rate is I/O wai
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
@@ -19,9 +20,22 @@ from trainfeed.training.reading.readers import Store
 SAMPLES = 64
 
 
-def stage_costs(store: Store, samples: int = SAMPLES, seed: int = 0) -> dict:
-    """``{"read"|"decode"|"augment": CPU seconds per sample, "samples": n, "stored_bytes_per_sample",
-    "pixel_bytes_per_sample"}`` over the first pieces of ``store`` holding ``samples`` samples."""
+@dataclass(frozen=True, slots=True)
+class StageCosts:
+    """CPU seconds per sample of each stage (``read``, ``decode``, ``augment``: model.measured.STAGES)
+    over ``samples`` samples, and the bytes of a sample as stored and as decoded pixels; a cell
+    records it as its ``stages`` (``asdict``)."""
+
+    read: float
+    decode: float
+    augment: float
+    samples: int
+    stored_bytes_per_sample: float
+    pixel_bytes_per_sample: int
+
+
+def stage_costs(store: Store, samples: int = SAMPLES, seed: int = 0) -> StageCosts:
+    """The CPU cost of each stage over the first pieces of ``store`` holding ``samples`` samples."""
     listing, module = store.extra["listing"], store.module
     pieces, n, read_s = [], 0, 0.0
     for piece in store.pieces:
@@ -50,8 +64,8 @@ def stage_costs(store: Store, samples: int = SAMPLES, seed: int = 0) -> dict:
             augmented(pixels, sample_id, augment)
     augment_s = time.thread_time() - t0
     pixels = decoded[0].x[0]
-    return {"read": read_s / n, "decode": decode_s / n, "augment": augment_s / n, "samples": n,
-            "stored_bytes_per_sample": stored / n, "pixel_bytes_per_sample": int(np.asarray(pixels).nbytes)}
+    return StageCosts(read=read_s / n, decode=decode_s / n, augment=augment_s / n, samples=n,
+                      stored_bytes_per_sample=stored / n, pixel_bytes_per_sample=int(np.asarray(pixels).nbytes))
 
 
 def augmented(pixels: np.ndarray, sample_id: str, augment: images.Augment) -> np.ndarray:

@@ -9,7 +9,7 @@ import numpy as np
 
 from trainfeed.benchmarks.ab.config import CELL_ERRORS, MatrixConfig
 from trainfeed.benchmarks.ab.measure import CellReading
-from trainfeed.benchmarks.ab.stages import stage_costs
+from trainfeed.benchmarks.ab.stages import StageCosts, stage_costs
 from trainfeed.benchmarks.ab.storage import Backend, StoreSource, stage_small_files, stage_store
 from trainfeed.benchmarks.model.measured import STAGES
 from trainfeed.converters.errors import UsageError
@@ -31,7 +31,7 @@ class Staged:
     shape: tuple[int, ...]
     sample_bytes: int
     image_storage: str | None = None
-    stages: dict | None = None
+    stages: StageCosts | None = None
 
 
 def store_variants(cfg: MatrixConfig, images: bool) -> dict[str, tuple[str, str | None]]:
@@ -86,10 +86,10 @@ def stage_stores(cfg: MatrixConfig, backend: Backend, log: Callable[[str], None]
     return list(variants), opened, failed
 
 
-def _logged_stages(log: Callable[[str], None], name: str, store) -> dict:
+def _logged_stages(log: Callable[[str], None], name: str, store) -> StageCosts:
     costs = stage_costs(store)
-    log(f"stages {name}: CPU per sample " + ", ".join(f"{s} {costs[s] * 1e3:.3f} ms" for s in STAGES)
-        + f" ({costs['samples']} samples)")
+    log(f"stages {name}: CPU per sample " + ", ".join(f"{s} {getattr(costs, s) * 1e3:.3f} ms" for s in STAGES)
+        + f" ({costs.samples} samples)")
     return costs
 
 
