@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import trainfeed
-from trainfeed.converters.storage.fetch import flush_cache_writes
 from tests.test_object_storage import SHAPE, SMALL, STORES, convert, get_backend, labels, on, source
+from trainfeed.converters.storage.fetch import flush_cache_writes
 
 BACKENDS = [on("azurite"), on("s3")]
 
