@@ -11,6 +11,10 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
+from trainfeed.training.tensorflow_env import prepare_tensorflow
+
+prepare_tensorflow()  # as trainfeed sets it, also where a test imports TensorFlow before trainfeed does
+
 SMALL_SHAPE = (6, 5, 4, 3)
 
 

@@ -12,6 +12,7 @@ from trainfeed.converters.formats.foreign import ForeignSchema
 from trainfeed.converters.formats.options import OpenOptions
 from trainfeed.converters.formats.registry import FORMATS
 from trainfeed.training.reading.store import EpochOptions
+from trainfeed.training.tensorflow_env import import_tensorflow
 
 Framework = Literal["torch", "tf"]
 Device = Literal["cpu", "cuda"]
@@ -132,8 +133,7 @@ def check(cfg: TrainConfig) -> None:
                 raise TrainfeedError("--device cuda: no CUDA device is available to PyTorch here "
                                      f"(torch {torch.__version__}); use --device cpu")
         else:
-            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up lines, before its first import
-            import tensorflow as tf
+            tf = import_tensorflow()
 
             if not tf.config.list_physical_devices("GPU"):
                 raise TrainfeedError("--device cuda: TensorFlow sees no GPU here (tensorflow-cpu is installed); "

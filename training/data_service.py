@@ -13,7 +13,6 @@ times the offloaded input pipeline alone (images/s), in this process without --s
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Optional
 
@@ -21,12 +20,13 @@ import typer
 
 from trainfeed.converters.errors import exit_codes
 from trainfeed.converters.sources.decode import parse_resize
+from trainfeed.training.tensorflow_env import import_tensorflow, prepare_tensorflow
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+prepare_tensorflow()
 
 
 def dispatcher(port: int) -> None:
-    import tensorflow as tf
+    tf = import_tensorflow()
 
     server = tf.data.experimental.service.DispatchServer(tf.data.experimental.service.DispatcherConfig(port=port))
     print(f"dispatcher serving at {server.target}", flush=True)
@@ -34,7 +34,7 @@ def dispatcher(port: int) -> None:
 
 
 def worker(address: str, port: int, host: str) -> None:
-    import tensorflow as tf
+    tf = import_tensorflow()
 
     from trainfeed.training.reading.service_input import dispatcher_host_port
 

@@ -179,6 +179,18 @@ class JsonLines:
 _LIBRARIES = ("numpy", "pyarrow", "pandas", "torch", "tensorflow", "deltalake", "h5py", "petastorm", "pyspark")
 
 
+def _cpu_model() -> str | None:
+    """The CPU's model name (Linux), what a CPU-bound figure depends on; None where not known."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def environment() -> dict:
     """The machine and library versions behind a measurement (summary.json, benchmark lines)."""
     import importlib.metadata
@@ -202,7 +214,7 @@ def environment() -> dict:
 
         gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {"python": platform.python_version(), "os": platform.platform(),
-            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "cpu": _cpu_model() or platform.processor() or platform.machine(), "cores": os.cpu_count(),
             "ram_gb": round(psutil.virtual_memory().total / 1e9, 1), "gpu": gpu, **versions}
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from trainfeed.training.config import Device, Framework, TrainConfig
 from trainfeed.training.metrics import StepTimer, UtilizationSampler, record
 from trainfeed.training.reading.prefetch import Prefetcher
 from trainfeed.training.reading.readers import Batch, EpochOptions, iter_batches, open_store
+from trainfeed.training.tensorflow_env import import_tensorflow
 
 #: Ingest-only reads a store to the end of its epoch when it holds at most this many times the
 #: samples the timed window read: the reader may have read that much ahead already.
@@ -184,14 +184,14 @@ def compute_only_torch(shape, batch: int, width: int, steps: int, device: str = 
 
 def compute_only_tf(shape, batch: int, width: int, steps: int) -> tuple[float, float]:
     """As ``compute_only_torch``, for the Keras model."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up lines
+    tf = import_tensorflow()
     import keras
-    import tensorflow as tf
 
     from trainfeed.training.models.resnet_tf import build
 
     model = build(tuple(shape), 1, width)
     opt = keras.optimizers.Adam()
+    opt.build(model.trainable_variables)  # its slots before the step: traced once (loop_tf.py)
     x = tf.random.normal((batch, *shape))
     y = tf.cast(tf.random.uniform((batch, 1)) > 0.5, tf.float32)
     loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)

@@ -47,6 +47,7 @@ from trainfeed.converters.sources.decode import ImageOptions, parse_resize
 from trainfeed.training.metrics import environment
 from trainfeed.training.reading import images
 from trainfeed.training.reading.readers import EpochOptions, iter_batches, open_store
+from trainfeed.training.tensorflow_env import import_tensorflow
 
 
 def photo(rng: np.random.Generator, size: tuple[int, int]) -> np.ndarray:
@@ -128,8 +129,7 @@ def simplejpeg_decoder(size: tuple[int, int], full: tuple[int, int], same_scale:
 
 
 def tf_decoder(size: tuple[int, int], full: tuple[int, int]) -> Decoder:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
+    tf = import_tensorflow()
 
     def decode(data, sample_id, box, flip):
         arr = tf.io.decode_jpeg(data, channels=3, ratio=_pillow_scale(_request(box, full, size), full))

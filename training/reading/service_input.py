@@ -27,8 +27,6 @@ so every sample is delivered exactly once per epoch but batch composition is not
 """
 from __future__ import annotations
 
-import importlib
-import os
 import socket
 from typing import Iterator
 from urllib.parse import urlsplit
@@ -38,6 +36,7 @@ import numpy as np
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.training.reading.images import CROP_AREA, CROP_RATIO
 from trainfeed.training.reading.readers import Batch, EpochOptions, Store
+from trainfeed.training.tensorflow_env import import_tensorflow
 
 PROCESSING_MODE = "distributed_epoch"  # every element of the source once per epoch, across all workers
 CONNECT_TIMEOUT_S = 5.0
@@ -45,9 +44,8 @@ CONNECT_TIMEOUT_S = 5.0
 
 def require_tensorflow() -> None:
     """The trainer is the service's client, whatever --framework: a usage error without TensorFlow."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
-        importlib.import_module("tensorflow")
+        import_tensorflow()
     except ImportError as exc:
         raise UsageError(f"--data-service needs TensorFlow in the training process, also with --framework torch: "
                          f"it receives the batches as a tf.data service client ({exc}); pip install "
