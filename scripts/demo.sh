@@ -6,7 +6,6 @@
 # (scenarios/reference-azure-databricks.toml) beside its four published times. About 5 minutes
 # on 2 cores.
 set -euo pipefail
-export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}  # TensorFlow's start-up notices are not the demo
 OUT=${1:-demo-out}
 BIN=.venv/bin
 COUNT=${DEMO_COUNT:-1500}
@@ -25,9 +24,7 @@ echo
 sed -n '/## What to do/,/## vCPUs to feed/p' "$OUT/ab/report.md" | sed '$d'
 rm -rf "$OUT/reference"
 echo "== the published case (DeepIQ, Azure Databricks): scenarios/reference-azure-databricks.toml"
-# (TensorFlow's C++ start-up notices ignore TF_CPP_MIN_LOG_LEVEL: filtered from stderr here)
-$BIN/storage-bench run --scenario scenarios/reference-azure-databricks.toml --out "$OUT/reference" \
-  2> >(grep -v -e '^I0000 ' -e 'absl::InitializeLog' >&2)
+$BIN/storage-bench run --scenario scenarios/reference-azure-databricks.toml --out "$OUT/reference"
 echo
 sed -n '/## Reference case/,/Knobs and their sources/p' "$OUT/reference/report.md" | sed '$d'
 echo "Open $OUT/ab/report.html and $OUT/reference/report.html (or their report.md)."

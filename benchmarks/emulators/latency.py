@@ -39,7 +39,10 @@ class LatencyRelay:
         except OSError:
             client_w.close()
             return
-        await asyncio.gather(self._delayed(client_r, up_w), self._pipe(up_r, client_w), return_exceptions=True)
+        try:
+            await asyncio.gather(self._delayed(client_r, up_w), self._pipe(up_r, client_w), return_exceptions=True)
+        except asyncio.CancelledError:  # the relay closing: asyncio would log a cancelled connection as an error
+            client_w.close()
 
     async def _delayed(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Client -> server: each chunk sent ``delay`` after it arrived."""
