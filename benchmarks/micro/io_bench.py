@@ -19,6 +19,10 @@ One dataset of volumes is converted to Parquet, Delta and HDF5 on local disk, th
 - **peer** (s3rver, when ``s3torchconnector`` is installed: ``pip install s3torchconnector``):
   AWS's connector for PyTorch over the same volumes as one object each (how an S3 user would
   keep them for it), its map-style and iterable datasets through the same DataLoader workers.
+- **lance** (s3rver, when ``pylance`` is installed): the same samples as a Lance dataset on the
+  same server (written from the Parquet store's table), one epoch of ``to_batches`` (batch 32,
+  each batch's volumes as one float32 array): a sequential scan, where trainfeed's epoch is
+  shuffled, so the comparison favours Lance.
 
 Each server is measured as it answers (0 ms) and behind a relay that adds ``--latency-ms`` to
 every request (what a cloud region adds), the floor remeasured behind the same relay.
@@ -232,6 +236,8 @@ def run(args) -> list[dict]:
                 with ThreadPoolExecutor(8) as pool:
                     list(pool.map(lambda f, fs=fs: fs.put_file(str(f), f"{BUCKET}/objects/{f.name}"),
                                   sorted(src.glob("*.npy"))))
+                if _has_lance() and "parquet" in local:
+                    write_lance(local["parquet"], options)
             for latency in args.latency_ms:
                 if latency:
                     relay = stack.enter_context(LatencyRelay(port, latency / 1000))
@@ -285,6 +291,11 @@ def measure(args, name: str, scheme: str, options: dict, urls: dict, local: dict
                     emit(m.record(nbytes, kind="dataloader", **server, format=fmt, method=method,
                                   workers=workers, cache=cached, concurrency=8, round=rnd))
                     shutil.rmtree(cache, ignore_errors=True)
+        if scheme == "s3" and _has_lance():
+            with Meter() as m:
+                got, lance_bytes = lance_epoch(options, args.shape)
+            assert got == args.count
+            emit(m.record(lance_bytes, kind="lance", **server, format="lance", round=rnd))
         if scheme != "s3" or not _has_peer():
             continue  # the peer reads S3 only
         workers = next((w for w in args.loader_workers if w), 2)  # the peer reads in worker processes
@@ -305,6 +316,51 @@ def _has_peer() -> bool:
     except ImportError:
         return False
     return True
+
+
+def _has_lance() -> bool:
+    try:
+        import lance  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+LANCE_URL = f"s3://{BUCKET}/store.lance"
+
+
+def lance_options(options: dict) -> dict:
+    """The S3 server's storage options (fsspec's names) as Lance's (object_store's)."""
+    return {"aws_access_key_id": options["key"], "aws_secret_access_key": options["secret"],
+            "aws_endpoint": options["endpoint_url"], "aws_region": options.get("region_name", "us-east-1"),
+            "allow_http": "true"}
+
+
+def write_lance(parquet_store: Path, options: dict) -> None:
+    """The Parquet store's rows (id, label, the volume's bytes) as a Lance dataset on the server."""
+    import lance
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = sorted(parquet_store.rglob("*.parquet")) if parquet_store.is_dir() else [parquet_store]
+    table = pa.concat_tables([pq.read_table(f) for f in files]).replace_schema_metadata(None)
+    lance.write_dataset(table, LANCE_URL, storage_options=lance_options(options), mode="overwrite")
+
+
+def lance_epoch(options: dict, shape: tuple[int, ...]) -> tuple[int, int]:
+    """One epoch of the Lance dataset, in order, each batch's volumes as one float32 array: the
+    samples and the bytes of its data files."""
+    import lance
+    import numpy as np
+
+    ds = lance.dataset(LANCE_URL, storage_options=lance_options(options))
+    samples = 0
+    for batch in ds.to_batches(batch_size=32, columns=["id", "label", "volume"]):
+        column = batch.column("volume")
+        x = np.frombuffer(column.buffers()[2], np.float32)[:len(column) * int(np.prod(shape))].reshape(-1, *shape)
+        samples += len(x)
+    nbytes = sum(f.file_size_bytes or 0 for fr in ds.get_fragments() for f in fr.data_files())
+    return samples, nbytes
 
 
 def summary(records: list[dict]) -> str:
@@ -364,6 +420,20 @@ def summary(records: list[dict]) -> str:
                          f" | {med('s3torch_map', 'cpu_s_per_gb', **at):10.2f} "
                          f"{med('s3torch_iterable', 'cpu_s_per_gb', **at):9.2f} "
                          f"{med('dataloader', 'cpu_s_per_gb', **ours):10.2f}")
+    lance_rows = sorted({(r["server"], r["latency_ms"]) for r in records if r["kind"] == "lance"})
+    if lance_rows:
+        lines += ["", "Lance (to_batches, in order) next to trainfeed's shuffled epoch (Parquet, 8 in flight)",
+                  "server   +ms | Lance MB/s  trainfeed  x Lance  cache ep1  x Lance | CPU/GB Lance  trainfeed  "
+                  "x Lance",
+                  "-" * 112]
+        for server, lat in lance_rows:
+            at = dict(server=server, latency_ms=lat)
+            l_mb, l_cpu = med("lance", "mb_per_s", **at), med("lance", "cpu_s_per_gb", **at)
+            e_mb = med("epoch", "mb_per_s", **at, format="parquet", concurrency=8)
+            e_cpu = med("epoch", "cpu_s_per_gb", **at, format="parquet", concurrency=8)
+            c_mb = med("cache_epoch1", "mb_per_s", **at, format="parquet")
+            lines.append(f"{server:8} {lat:3} | {l_mb:10.0f} {e_mb:10.0f} {e_mb / l_mb:8.2f} {c_mb:10.0f} "
+                         f"{c_mb / l_mb:8.2f} | {l_cpu:12.2f} {e_cpu:10.2f} {e_cpu / l_cpu:8.2f}")
     return "\n".join(lines)
 
 
