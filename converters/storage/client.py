@@ -36,6 +36,7 @@ import obstore
 from obstore import _obstore
 
 from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.storage.cache import pid_alive
 
 _CALLS = ("get", "get_range", "head", "list", "list_with_delimiter", "put", "delete")
 
@@ -85,6 +86,23 @@ def _in_use_here() -> bool:
     return _installed_user == pid or (_private is not None and _private[0] == pid)
 
 
+#: A private copy's folder: ``trainfeed-obstore-<pid>-<random>``, removed once the copy is loaded.
+_COPY_PREFIX = "trainfeed-obstore-"
+
+
+def _sweep_copies(parent: str) -> None:
+    """Remove the copies' folders that processes killed while loading one left in ``parent``
+    (their pid, in the name, is gone)."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(_COPY_PREFIX):].split("-", 1)[0]
+        if name.startswith(_COPY_PREFIX) and pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
 def _load_copy() -> SimpleNamespace:
     """obstore's native module loaded again from a fresh copy of its file, in the first of the
     temporary folder, ``~/.cache/trainfeed`` and ``/dev/shm`` that allows it (a folder mounted
@@ -94,7 +112,8 @@ def _load_copy() -> SimpleNamespace:
         try:
             if parent:
                 os.makedirs(parent, exist_ok=True)
-            folder = tempfile.mkdtemp(prefix="trainfeed-obstore-", dir=parent)
+            _sweep_copies(parent or tempfile.gettempdir())
+            folder = tempfile.mkdtemp(prefix=f"{_COPY_PREFIX}{os.getpid()}-", dir=parent)
         except OSError as exc:
             tried.append(f"{parent}: {exc.strerror}")
             continue
