@@ -3,8 +3,8 @@
 # per volume, like the whitepaper's), converts it, trains from the small files and from the
 # compacted stores, all on local disk behind the same emulated Azure Blob latency, on this CPU
 # and on emulated T4 and H100 nodes, and writes the report; then reproduces the published case
-# (scenarios/reference-azure-databricks.toml) beside its four published times. About 5 minutes
-# on 2 cores.
+# (scenarios/reference-azure-databricks.toml) beside its four published times. 5.5 minutes on
+# 2 vCPUs (AMD EPYC, 2026-11-27), after the install (3 minutes with pip's cache warm, 10 cold).
 set -euo pipefail
 OUT=${1:-demo-out}
 BIN=.venv/bin
