@@ -20,9 +20,9 @@ One dataset of volumes is converted to Parquet, Delta and HDF5 on local disk, th
   AWS's connector for PyTorch over the same volumes as one object each (how an S3 user would
   keep them for it), its map-style and iterable datasets through the same DataLoader workers.
 - **lance** (s3rver, when ``pylance`` is installed): the same samples as a Lance dataset on the
-  same server (written from the Parquet store's table), one epoch of ``to_batches`` (batch 32,
-  each batch's volumes as one float32 array): a sequential scan, where trainfeed's epoch is
-  shuffled, so the comparison favours Lance.
+  same server (written from the Parquet store's table), one epoch of ``to_batches`` at Lance's
+  own batch size, each batch's volumes as one float32 array cut into batches of 32: a sequential
+  scan, where trainfeed's epoch is shuffled, so the comparison favours Lance.
 
 Each server is measured as it answers (0 ms) and behind a relay that adds ``--latency-ms`` to
 every request (what a cloud region adds), the floor remeasured behind the same relay.
@@ -355,10 +355,10 @@ def lance_epoch(options: dict, shape: tuple[int, ...]) -> tuple[int, int]:
 
     ds = lance.dataset(LANCE_URL, storage_options=lance_options(options))
     samples = 0
-    for batch in ds.to_batches(batch_size=32, columns=["id", "label", "volume"]):
+    for batch in ds.to_batches(columns=["id", "label", "volume"]):  # Lance's own batch size, then 32 at a time
         column = batch.column("volume")
         x = np.frombuffer(column.buffers()[2], np.float32)[:len(column) * int(np.prod(shape))].reshape(-1, *shape)
-        samples += len(x)
+        samples += sum(len(x[i:i + 32]) for i in range(0, len(x), 32))
     nbytes = sum(f.file_size_bytes or 0 for fr in ds.get_fragments() for f in fr.data_files())
     return samples, nbytes
 
