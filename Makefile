@@ -44,11 +44,10 @@ $(PS_VENV)/.installed: pyproject.toml constraints/petastorm.txt
 	$(call make_venv,python3.11,$(PS_VENV),constraints/petastorm.txt,$(PS_EXTRAS))
 	touch $@
 
-# One pytest process per core plus one, at most 4 (each may start a Spark JVM and TensorFlow):
-# many tests wait on a server, a subprocess or the package registry, and the extra process
-# fills those waits (2 cores: 13.4 min with 3, 15.4 with 2). A test file stays in one process,
-# so its module fixtures (servers, Spark sessions) start once. PYTEST_WORKERS=0 runs in this process.
-PYTEST_WORKERS ?= $(shell n=$$(( $$(nproc 2>/dev/null || echo 1) + 1 )); [ $$n -gt 4 ] && n=4; echo $$n)
+# One pytest process per core, at most 4 (each may start a Spark JVM and TensorFlow); a test
+# file stays in one process, so its module fixtures (servers, Spark sessions) start once.
+# PYTEST_WORKERS=0 runs in this process.
+PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 
 # pytest exits 5 when it selects no test; that is fine only when PYTEST_ARGS narrowed the run
 # to tests of the other environment.
