@@ -15,7 +15,9 @@ child instead would take the dynamic loader's locks, which another thread of the
 have held at the fork (an exception being unwound, a library being loaded), and wait forever.
 A child whose parent could not load the copy loads one itself. Every other process (the one
 that opened the store, spawn and forkserver workers, a fork taken before any request) uses
-obstore as installed. Nothing from the parent's library is called or freed in the child.
+obstore as installed. Nothing from the parent's library is called or freed in the child: its
+objects are frozen for the garbage collector at the fork (``_before_fork``), so that garbage the
+parent had not yet collected is never collected, and its runtime called, in the child.
 
 ``library()`` is the module to call (``get``, ``get_range``, ``head``, ``list``,
 ``list_with_delimiter``, ``put``, ``delete``, and the store classes ``AzureStore``,
@@ -24,6 +26,7 @@ copy this process loaded, for ``except`` clauses.
 """
 from __future__ import annotations
 
+import gc
 import importlib.machinery
 import importlib.util
 import os
@@ -59,6 +62,8 @@ _private: tuple[int, SimpleNamespace] | None = None
 _spare: SimpleNamespace | None = None
 _loaded: list[SimpleNamespace] = [_INSTALLED]
 _lock = threading.Lock()
+#: Whether ``_before_fork`` froze the garbage collector's objects for the fork under way.
+_frozen = False
 
 
 def library() -> SimpleNamespace:
@@ -149,10 +154,22 @@ errors = _Errors()
 
 
 def _before_fork() -> None:
-    """A process that made requests loads the copy its forked children will use (once: every
-    child of this process takes the same untouched copy)."""
-    global _spare
-    if _spare is not None or not _in_use_here():
+    """A process that made requests freezes its objects for the garbage collector and loads the
+    copy its forked children will use (once: every child of this process takes the same
+    untouched copy).
+
+    Frozen: garbage not yet collected at the fork (a reference cycle holding a store or a
+    response of this process's library) would otherwise be collected in the child, at any
+    allocation, even inside another library's fork hook, and freeing it calls into the runtime
+    the child inherited without its threads: a child hung that way. The parent unfreezes right
+    after the fork (its collector frees that garbage, safely, in the parent); a child keeps the
+    inherited objects frozen, as CPython's ``gc.freeze`` documentation advises for forked workers."""
+    global _spare, _frozen
+    if not _in_use_here():
+        return
+    gc.freeze()
+    _frozen = True
+    if _spare is not None:
         return
     with _lock:
         if _spare is None:
@@ -163,9 +180,17 @@ def _before_fork() -> None:
             _loaded.append(_spare)
 
 
+def _after_fork_in_parent() -> None:
+    global _frozen
+    if _frozen:
+        _frozen = False
+        gc.unfreeze()
+
+
 def _after_fork_in_child() -> None:
-    global _lock
+    global _lock, _frozen
     _lock = threading.Lock()  # a thread of the parent may have held it
+    _frozen = False  # what the parent froze stays frozen here
 
 
-os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)

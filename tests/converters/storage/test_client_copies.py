@@ -24,3 +24,24 @@ def test_a_killed_loaders_copy_is_swept_and_nothing_else(tmp_path):
     client._sweep_copies(str(tmp_path))
     assert not dead.exists()
     assert alive.exists() and all(f.exists() for f in others)
+
+
+FORK_PROBE = """
+import gc, os
+from trainfeed.converters.storage import client
+client.library()  # this process uses the installed library (its runtime)
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if gc.get_freeze_count() > 0 else 3)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status), gc.get_freeze_count())
+"""
+
+
+def test_a_fork_freezes_the_parents_garbage_for_the_child_only():
+    """A forked child never collects what its parent had not: freeing a leftover cycle holding a
+    store would call the runtime the child inherited without its threads (a DataLoader worker hung
+    inside another library's fork hook that way). The parent collects as before once forked."""
+    res = subprocess.run([sys.executable, "-c", FORK_PROBE], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["0", "0"]  # the child's objects frozen; the parent's unfrozen again
