@@ -355,3 +355,18 @@ def _first_line(exc: Exception) -> str:
     text = str(exc).strip().split("\n\nDebug source:")[0]
     return redact(" ".join(text.split())[:400])
 
+
+
+#: The file systems fsspec had cached when this process forked, held for the child's lifetime.
+_held_at_fork: list[NativeFileSystem] = []
+
+
+def _hold_cached() -> None:
+    """fsspec empties its instance cache in a forked child (its own fork hook): a cached file
+    system whose last reference that was would be freed there, and freeing its client calls the
+    runtime the child inherited without its threads (a DataLoader worker hung that way). Held
+    here, the child never frees them; the parent lets go right after the fork."""
+    _held_at_fork[:] = list(NativeFileSystem._cache.values())
+
+
+os.register_at_fork(before=_hold_cached, after_in_parent=_held_at_fork.clear)

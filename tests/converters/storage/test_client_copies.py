@@ -45,3 +45,26 @@ def test_a_fork_freezes_the_parents_garbage_for_the_child_only():
     res = subprocess.run([sys.executable, "-c", FORK_PROBE], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["0", "0"]  # the child's objects frozen; the parent's unfrozen again
+
+
+CACHE_PROBE = """
+import os
+from trainfeed.converters.storage import native
+held = object()
+native.NativeFileSystem._cache["a file system"] = held  # as fsspec caches an instance
+pid = os.fork()
+if pid == 0:
+    native.NativeFileSystem._cache.clear()  # what fsspec's own fork hook does in the child
+    os._exit(0 if native._held_at_fork == [held] else 3)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status), len(native._held_at_fork))
+"""
+
+
+def test_file_systems_fsspec_drops_in_a_forked_child_are_held_there():
+    """fsspec empties its instance cache in a forked child; a cached native file system must not
+    be freed there (its client would call the inherited runtime): the child holds it, the parent
+    lets go after the fork."""
+    res = subprocess.run([sys.executable, "-c", CACHE_PROBE], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["0", "0"]
