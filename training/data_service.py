@@ -20,9 +20,7 @@ import typer
 
 from trainfeed.converters.errors import exit_codes
 from trainfeed.converters.sources.decode import parse_resize
-from trainfeed.training.tensorflow_env import import_tensorflow, prepare_tensorflow
-
-prepare_tensorflow()
+from trainfeed.training.tensorflow_env import import_tensorflow
 
 
 def dispatcher(port: int) -> None:

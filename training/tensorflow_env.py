@@ -68,12 +68,3 @@ def _without_notices() -> Iterator[None]:
             if kept:
                 sys.stderr.write("".join(kept))
                 sys.stderr.flush()
-
-
-def onednn_enabled() -> bool | None:
-    """Whether TensorFlow's oneDNN kernels are on in this process (None: TensorFlow not loaded)."""
-    if "tensorflow" not in sys.modules:
-        return None
-    from tensorflow.python.util import _pywrap_util_port
-
-    return bool(_pywrap_util_port.IsMklEnabled())

@@ -356,7 +356,6 @@ def _first_line(exc: Exception) -> str:
     return redact(" ".join(text.split())[:400])
 
 
-
 #: The file systems fsspec had cached when this process forked, held for the child's lifetime.
 _held_at_fork: list[NativeFileSystem] = []
 

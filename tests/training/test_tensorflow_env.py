@@ -10,8 +10,9 @@ import pytest
 
 from trainfeed.training import tensorflow_env
 
-PROBE = ("from trainfeed.training.tensorflow_env import import_tensorflow, onednn_enabled; "
-         "import_tensorflow(); import sys; print(onednn_enabled()); print('after', file=sys.stderr)")
+PROBE = ("from trainfeed.training.tensorflow_env import import_tensorflow; import_tensorflow(); "
+         "from tensorflow.python.util import _pywrap_util_port; import sys; "
+         "print(bool(_pywrap_util_port.IsMklEnabled())); print('after', file=sys.stderr)")
 
 
 def _probe(**env: str) -> subprocess.CompletedProcess:
