@@ -12,6 +12,8 @@ import subprocess
 import sys
 import textwrap
 import zipfile
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 
@@ -146,17 +148,25 @@ SMOKE = textwrap.dedent("""
 """)
 
 
+def install_in_a_clean_python312_venv(wheel: Path, where: Path) -> tuple[Path | None, str]:
+    """`pip install WHEEL` in a new Python 3.12 venv, dependencies from PyPI at constraints/dev.txt's
+    versions: the venv's python, or None and pip's error."""
+    venv = where / "venv312"
+    subprocess.run([interpreter("3.12"), "-m", "venv", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    # --no-compile: the smoke test compiles what it imports; the rest would be CPU spent on nothing
+    res = pip(py, "install", "-q", "--no-compile", "-c", str(ROOT / "constraints" / "dev.txt"), str(wheel))
+    return (py, "") if res.returncode == 0 else (None, res.stderr[-3000:])
+
+
 @pytest.mark.slow
-def test_the_wheel_runs_in_a_clean_python312_venv_with_numpy2(wheel, tmp_path):
+def test_the_wheel_runs_in_a_clean_python312_venv_with_numpy2(pip_work, tmp_path):
     """`pip install` of the built wheel (dependencies from PyPI at constraints/dev.txt's versions),
     then every module imports, conversions round-trip and the README's Python example runs. No
     torch: no CPU build of it for 3.12 is on this machine (only CUDA builds of several GB), and
     the wheel does not require it; the example's PyTorch part runs on 3.11 (tests/test_api.py)."""
-    venv = tmp_path / "venv312"
-    subprocess.run([interpreter("3.12"), "-m", "venv", str(venv)], check=True)
-    py = venv / "bin" / "python"
-    res = pip(py, "install", "-q", "-c", str(ROOT / "constraints" / "dev.txt"), str(wheel))
-    assert res.returncode == 0, res.stderr[-3000:]
+    py, why = pip_work[VENV312].result()
+    assert py is not None, why
     (tmp_path / "smoke.py").write_text(SMOKE)
     (tmp_path / "readme.py").write_text(readme_examples()[0])  # the numpy-only part: no torch for 3.12 here
     (tmp_path / "work").mkdir()
@@ -222,23 +232,21 @@ def resolve(python: str, held: dict[str, str], wheel: Path, tmp_path: Path) -> t
 
 @pytest.mark.slow
 @pytest.mark.parametrize("runtime", sorted(DATABRICKS))
-def test_installing_the_wheel_changes_no_package_the_runtime_ships(wheel, tmp_path, runtime):
+def test_installing_the_wheel_changes_no_package_the_runtime_ships(pip_work, runtime):
     """pip's resolver on the runtime's Python, no Databricks needed: the runtime's whole package
     set held at its versions. The wheel must install without upgrading or downgrading any of
     them but CHANGES_ALLOWED's, and those must still be needed (pip finds no solution holding
     them). New packages (deltalake, obstore, ...) are fine. 10-40 s each (metadata from
     PyPI)."""
-    assert RUNTIMES.is_dir(), f"{RUNTIMES} is missing: the runtime package sets come from ../shared"
-    python_version, (first, *others) = DATABRICKS[runtime]
+    _, (first, *others) = DATABRICKS[runtime]
     allowed = CHANGES_ALLOWED[runtime]
     assert not set(allowed) & set(PROTECTED)
     pins = runtime_pins(first)
-    python = interpreter(python_version)
-    chosen, why = resolve(python, pins, wheel, tmp_path)
+    chosen, why = pip_work[runtime, "all held"].result()
     if allowed:
         assert chosen is None, (f"the wheel installs on DBR {runtime} with {sorted(allowed)} held too: drop "
                                 "them from CHANGES_ALLOWED and docs/DATABRICKS.md")
-        chosen, why = resolve(python, {n: v for n, v in pins.items() if n not in allowed}, wheel, tmp_path)
+        chosen, why = pip_work[runtime, "allowed free"].result()
     assert chosen is not None, f"installing the wheel on DBR {runtime} would change a package it ships:\n{why}"
     changed = {n: f"{pins[n]} -> {v}" for n, v in chosen.items() if n in pins and v != pins[n]}
     assert set(changed) <= set(allowed), changed
@@ -246,6 +254,37 @@ def test_installing_the_wheel_changes_no_package_the_runtime_ships(wheel, tmp_pa
         theirs = runtime_pins(other)
         differ = {n: (pins.get(n), theirs.get(n)) for n in chosen if pins.get(n) != theirs.get(n)}
         assert not differ, f"{other} ships other versions than {first} of {differ}: resolve it too"
+
+
+VENV312 = "venv312"
+
+
+@pytest.fixture(scope="module")
+def pip_work(request, wheel, tmp_path_factory) -> Iterator[dict[object, Future]]:
+    """This file's pip work waits on PyPI (a clean Python 3.12 venv, 70-130 s; four resolutions,
+    30-80 s each): the selected tests' pieces start together, as futures, and each test waits
+    for its own. One after another they were most of the suite's tail."""
+    mine = [item for item in request.session.items if item.path == Path(__file__)]
+    names = {item.originalname for item in mine}
+    runtimes = sorted({item.callspec.params["runtime"] for item in mine
+                       if hasattr(item, "callspec") and "runtime" in item.callspec.params})
+    with ThreadPoolExecutor(max_workers=5) as pool:
+        work: dict[object, Future] = {}
+        if test_the_wheel_runs_in_a_clean_python312_venv_with_numpy2.__name__ in names:
+            work[VENV312] = pool.submit(install_in_a_clean_python312_venv, wheel, tmp_path_factory.mktemp("py312"))
+        if runtimes:
+            assert RUNTIMES.is_dir(), f"{RUNTIMES} is missing: the runtime package sets come from ../shared"
+        for runtime in runtimes:
+            python_version, (first, *_) = DATABRICKS[runtime]
+            python, pins = interpreter(python_version), runtime_pins(first)
+            held = {"all held": pins,
+                    "allowed free": {n: v for n, v in pins.items() if n not in CHANGES_ALLOWED[runtime]}}
+            for name in held if CHANGES_ALLOWED[runtime] else ["all held"]:
+                work[runtime, name] = pool.submit(resolve, python, held[name], wheel,
+                                                  tmp_path_factory.mktemp(f"resolve-{runtime}"))
+        yield work
+        for future in work.values():
+            future.cancel()
 
 
 def test_docs_name_the_changes_allowed_on_each_runtime():

@@ -69,8 +69,9 @@ def s3rver_server():
         yield server
 
 
-@pytest.fixture(params=["azurite", "s3rver"])
+@pytest.fixture
 def server(request) -> Server:
+    """The server named by the test's parameters (``paired``)."""
     if request.param == "azurite":
         azurite = request.getfixturevalue("azurite_server")
         container = f"intr-{uuid.uuid4().hex[:12]}"
@@ -125,11 +126,24 @@ def run_until_held(server: Server, gate: HoldGate, src: Path, url: str, kind: st
 
 
 EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+SERVERS = ["azurite", "s3rver"]
+
+
+def paired(kinds: list[str] | None = None) -> pytest.MarkDecorator:
+    """(server, [kind,] signal) cases: each kind on both servers, the signal alternating, so that
+    every signal meets every kind and every server: half the full product. The two signals take
+    one handler (converters/interrupt.py) and differ in how the run unwinds and its exit code."""
+    cases = []
+    for i, kind in enumerate(kinds or [None]):
+        for j, name in enumerate(SERVERS):
+            sig = list(EXIT)[(i + j) % 2]
+            values = (name, sig) if kind is None else (name, kind, sig)
+            cases.append(pytest.param(*values, id="-".join(filter(None, [name, kind, sig.name]))))
+    return pytest.mark.parametrize("server,sig" if kinds is None else "server,kind,sig", cases, indirect=["server"])
 
 
 @pytest.mark.azurite
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-@pytest.mark.parametrize("kind", ["parquet", "delta", "hdf5-shards", "hdf5"])
+@paired(["parquet", "delta", "hdf5-shards", "hdf5"])
 def test_a_signal_while_uploads_are_pending_publishes_nothing(server, tmp_path, kind, sig):
     """The writer is done and the run waits on its last upload (for a single HDF5 file with
     --verify, on its trial copy's): the signal then publishes nothing and removes every object
@@ -148,7 +162,7 @@ def test_a_signal_while_uploads_are_pending_publishes_nothing(server, tmp_path, 
 
 
 @pytest.mark.azurite
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@paired()
 def test_a_signal_while_an_overwrite_uploads_keeps_the_old_store(server, tmp_path, sig):
     old, new = tmp_path / "old", tmp_path / "new"
     old_truth, _ = source(old, 12, seed=1), source(new, 48, seed=2)
@@ -164,8 +178,7 @@ def test_a_signal_while_an_overwrite_uploads_keeps_the_old_store(server, tmp_pat
 
 
 @pytest.mark.azurite
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-@pytest.mark.parametrize("kind", ["parquet", "delta", "hdf5"])
+@paired(["parquet", "delta", "hdf5"])
 def test_a_signal_during_the_commit_leaves_the_complete_store(server, tmp_path, kind, sig):
     """The signal arrives while the commit record's PUT (the Delta commit, the HDF5 object) is
     in flight: the store is published whole, and the run still says it was interrupted."""
