@@ -379,6 +379,23 @@ def test_open_store_reads_every_sample_bit_for_bit(converted):
     assert rows == truth_rows(c.truth)
 
 
+def test_each_piece_is_requested_ahead_and_decoded_from_that_request(converted, monkeypatch):
+    """On object storage the reader asks for a piece's bytes before it decodes the piece, so that
+    requests stay in flight across pieces: in every format, each span asked for ahead is the
+    one that piece's read then takes, once (none requested twice, none left unused)."""
+    from trainfeed.converters.storage.fetch import Fetcher
+
+    c = converted
+    asked, taken = [], []
+    ahead, fetch = Fetcher.ahead, Fetcher.fetch
+    monkeypatch.setattr(Fetcher, "ahead", lambda self, *span: (asked.append(span), ahead(self, *span))[1])
+    monkeypatch.setattr(Fetcher, "fetch", lambda self, *span: (taken.append(span), fetch(self, *span))[1])
+    store, rows = read_with_trainfeed(c.backend, c.url)
+    assert rows == truth_rows(c.truth)
+    assert len(set(asked)) == len(asked) == len(store.reader.pieces)  # one request ahead per piece
+    assert all(taken.count(span) == 1 for span in asked), [span for span in asked if taken.count(span) != 1]
+
+
 def test_train_from_object_storage(converted, tmp_path):
     c = converted
     assert c.result.exit_code == 0, c.result.stderr

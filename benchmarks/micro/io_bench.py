@@ -53,7 +53,7 @@ from trainfeed.benchmarks.emulators import azurite, s3rver
 from trainfeed.benchmarks.emulators.latency import LatencyRelay
 from trainfeed.benchmarks.synth import generate_volumes
 from trainfeed.converters.formats.registry import FORMATS
-from trainfeed.converters.storage.fetch import PART_SIZE
+from trainfeed.converters.storage.fetch import PART_SIZE, flush_cache_writes
 from trainfeed.converters.storage.filesystems import open_fs
 from trainfeed.converters.storage.location import locate
 
@@ -277,6 +277,7 @@ def measure(args, name: str, scheme: str, options: dict, urls: dict, local: dict
                     epoch(url, options, args.workers, io_concurrency=8, cache_dir=str(cache))
                 emit(m.record(nbytes, kind=f"cache_epoch{e}", **server, format=fmt, concurrency=8,
                               round=rnd))
+            flush_cache_writes()  # the writes still queued, before their folder goes
             shutil.rmtree(cache, ignore_errors=True)
             if fmt not in args.loader_formats:
                 continue

@@ -32,7 +32,7 @@ from trainfeed.converters.formats.options import (
 )
 from trainfeed.converters.layout import DATASET_META, ID, LABEL, MANIFEST, DatasetSchema, checked_schema
 from trainfeed.converters.sources.decode import Sample
-from trainfeed.converters.storage.fetch import Fetcher, RangeFile, open_fetcher
+from trainfeed.converters.storage.fetch import Blocks, Fetcher, RangeFile, open_fetcher
 from trainfeed.converters.storage.location import Location, as_location
 
 UNIT = "chunk slices"
@@ -77,6 +77,7 @@ class Opener:
 
     def __init__(self, fetcher: Fetcher | None = None, sizes: dict[str, int] | None = None):
         self.fetcher, self.sizes = fetcher, sizes or {}
+        self._blocks: dict[str, Blocks] = {}  # per object, shared by its handles (one per reading thread)
 
     @classmethod
     def at(cls, loc: Location, options: OpenOptions = OpenOptions()) -> "Opener":
@@ -92,7 +93,8 @@ class Opener:
         if f not in self.sizes:
             raise TrainfeedError(f"{f}: listed by the store but not found on the storage: the store is incomplete "
                                  "or was changed while being opened")
-        file = RangeFile(self.fetcher, f, self.sizes[f])
+        blocks = self._blocks.setdefault(f, Blocks(self.fetcher, f, self.sizes[f]))
+        file = RangeFile(self.fetcher, f, self.sizes[f], blocks)
         return h5py.File(file, "r"), file
 
 
@@ -155,16 +157,24 @@ def list_pieces(path: Where, options: OpenOptions) -> Pieces:
     spec = pick_field(schema, options.field, loc.shown)
     files = data_files(loc)
     pieces, rows = [], []
+    spans: dict[tuple[str, int, int], tuple[int, int]] = {}  # on object storage: a piece's tensor bytes
     for f in files:
-        h5, _ = opener.open(f)
+        h5, remote = opener.open(f)
         with h5:
             n = _rows_in(h5, f, schema)
-            chunk = h5[spec.name].chunks[0] if h5[spec.name].chunks else MIN_PIECE_ROWS
-        step = max(chunk, (max(MIN_PIECE_ROWS, chunk) // chunk) * chunk)
-        for start in range(0, n, step):
-            pieces.append((f, start, min(n, start + step)))
-            rows.append(min(n, start + step) - start)
-    listing = Pieces(schema, spec, pieces, rows, files, extra={"opener": opener, "sizes": opener.sizes})
+            ds = h5[spec.name]
+            chunk = ds.chunks[0] if ds.chunks else MIN_PIECE_ROWS
+            step = max(chunk, (max(MIN_PIECE_ROWS, chunk) // chunk) * chunk)
+            for start in range(0, n, step):
+                piece = (f, start, min(n, start + step))
+                pieces.append(piece)
+                rows.append(piece[2] - start)
+                if remote is not None and spec.is_raw:
+                    lo, hi = _slice_span(ds, start, piece[2])
+                    if hi > lo:
+                        spans[piece] = (max(0, lo), min(remote.size, hi))
+    listing = Pieces(schema, spec, pieces, rows, files, extra={"opener": opener, "sizes": opener.sizes,
+                                                                "spans": spans}, fetcher=opener.fetcher)
     declared = {} if _single(loc) else \
         {loc.file(s["file"]): s.get("rows") for s in read_manifest(loc, FORMAT)["parts"]}
     check_declared_rows(loc.shown, listing, declared, piece_file)
@@ -195,6 +205,14 @@ def piece_file(piece: tuple[str, int, int]) -> str:
     return piece[0]
 
 
+def piece_span(listing: Pieces, piece: tuple[str, int, int]) -> tuple[str, int, int] | None:
+    """(object, start, end) of a remote piece's tensor slice, the span ``read_piece`` prefetches:
+    what a reader asks the fetcher for ahead of decoding it. Ids and labels are small and read
+    through the file's block cache."""
+    span = listing.extra.get("spans", {}).get(piece)
+    return None if span is None else (piece[0], *span)
+
+
 def read_piece(listing: Pieces, piece: tuple[str, int, int], handles: dict[Any, Any],
                empty: Empty = np.empty) -> Columns:
     """One contiguous slice of each dataset. ``handles``: open files kept by the caller (one
@@ -204,8 +222,8 @@ def read_piece(listing: Pieces, piece: tuple[str, int, int], handles: dict[Any, 
         handles[f] = listing.extra["opener"].open(f)
     h5, remote = handles[f]
     ds = h5[listing.spec.name]
-    if remote is not None and listing.spec.is_raw:
-        remote.prefetch(*_slice_span(ds, start, stop))
+    if remote is not None and piece in listing.extra["spans"]:
+        remote.prefetch(*listing.extra["spans"][piece])  # requested ahead by the reader (piece_span)
     ids = [x.decode() if isinstance(x, bytes) else x for x in h5[ID][start:stop]]
     y = h5[LABEL][start:stop].astype(np.int64, copy=False) if listing.schema.labeled \
         else np.full(stop - start, -1, np.int64)
@@ -252,7 +270,7 @@ class Hdf5(Format):
     """HDF5 stores, one file or a folder of shards (formats/interface.py says what each member is for)."""
 
     name, label, noun, foreign_noun = FORMAT, "HDF5", "an HDF5 store", "an HDF5 file"
-    writable, single_file = True, True
+    writable, single_file, fetches_ahead = True, True, True
     UNIT = UNIT
     COMPRESSIONS, DEFAULT_COMPRESSION, COMPRESSION_LEVELS = COMPRESSIONS, DEFAULT_COMPRESSION, COMPRESSION_LEVELS
     suffixes, commit_record = SUFFIXES, MANIFEST
@@ -291,6 +309,9 @@ class Hdf5(Format):
 
     def piece_file(self, piece: Any) -> str:
         return piece_file(piece)
+
+    def piece_span(self, listing: Pieces, piece: Any) -> tuple[str, int, int] | None:
+        return piece_span(listing, piece)
 
     def read_labels(self, listing: Pieces) -> Iterator[np.ndarray]:
         return read_labels(listing)

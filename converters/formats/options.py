@@ -12,7 +12,7 @@ import numpy as np
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.formats.foreign import ForeignSchema
 from trainfeed.converters.layout import DatasetSchema, FieldSpec
-from trainfeed.converters.storage.fetch import DEFAULT_IO_CONCURRENCY
+from trainfeed.converters.storage.fetch import DEFAULT_IO_CONCURRENCY, Fetcher
 
 OptionsT = TypeVar("OptionsT")
 
@@ -109,6 +109,9 @@ class Pieces:
     files: list[str]  # data files (blob: none)
     version: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: On object storage, for a format that ``fetches_ahead``: where a reader requests the bytes
+    #: of the pieces it will decode next (``Format.piece_span``).
+    fetcher: Fetcher | None = None
 
 
 @dataclass

@@ -268,7 +268,7 @@ def remote_row_group_pieces(schema: DatasetSchema, spec: FieldSpec, files: list[
             pieces.append((f, rg))
             rows.append(footers[f].row_group(rg).num_rows)
     return Pieces(schema, spec, pieces, rows, files,
-                  extra={"remote": RemoteParts(fetcher, sizes, footers), "sizes": sizes})
+                  extra={"remote": RemoteParts(fetcher, sizes, footers), "sizes": sizes}, fetcher=fetcher)
 
 
 def row_group_span(meta: pq.FileMetaData, rg: int, columns: list[str]) -> tuple[int, int]:

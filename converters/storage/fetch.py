@@ -107,6 +107,8 @@ class CacheWriter:
         self._pending = 0
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+        _WRITERS.add(self)
 
     def offer(self, key: str, parts: list) -> bool:
         """Queue ``parts`` to be cached under ``key``; False: over the budget, not cached."""
@@ -123,11 +125,14 @@ class CacheWriter:
         return True
 
     def _run(self) -> None:
+        """Writes until the queue is empty, then ends (the next offer starts a thread again): an
+        idle writer holds no thread, and one whose fetcher is gone is freed once it is done."""
         _lowest_priority()
         while True:
             with self._cv:
-                while not self._queue:
-                    self._cv.wait()
+                if not self._queue:
+                    self._thread = None
+                    return
                 key, parts, size = self._queue.popleft()
             try:
                 self.cache.put(key, parts)
@@ -151,19 +156,20 @@ def _lowest_priority() -> None:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
-#: Fetchers alive in this process (weakly): ``flush_cache_writes`` waits for their caches.
-_FETCHERS: weakref.WeakSet = weakref.WeakSet()
+#: Cache writers (weakly; one with ranges queued is held by its thread, even once its fetcher
+#: is gone): ``flush_cache_writes`` waits for them.
+_WRITERS: weakref.WeakSet = weakref.WeakSet()
 
 
 def flush_cache_writes(timeout: float = 60.0) -> None:
-    """Wait, at most ``timeout`` seconds in all, for the cache writes of this process's
-    fetchers: before a process exits (a DataLoader worker at the end of its epoch, the
-    interpreter), so that the ranges it fetched are there for the next epoch. Reading never
-    waits for them otherwise."""
+    """Wait, at most ``timeout`` seconds in all, for the cache writes of this process: before a
+    process exits (a DataLoader worker at the end of its epoch, the interpreter), so that the
+    ranges it fetched are there for the next epoch, and before a cache folder is removed.
+    Reading never waits for them otherwise."""
     end = time.monotonic() + timeout
-    for fetcher in list(_FETCHERS):
-        if fetcher._writer is not None and fetcher._pid == os.getpid():
-            fetcher._writer.flush(max(0.0, end - time.monotonic()))
+    for writer in list(_WRITERS):
+        if writer._pid == os.getpid():  # a forked child's copies of its parent's writers have no thread
+            writer.flush(max(0.0, end - time.monotonic()))
 
 
 atexit.register(flush_cache_writes, 30.0)
@@ -195,7 +201,6 @@ class Fetcher:
         self._ahead_lock = threading.Lock()
         budget = max(64 << 20, 2 * self.io_concurrency * self.part_size)
         self._writer = CacheWriter(self.cache, budget) if self.cache is not None else None
-        _FETCHERS.add(self)
 
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in ("_pid", "_pool", "_writer", "_ahead",
@@ -323,17 +328,50 @@ class _GCPause:
 _GC_PAUSE = _GCPause()
 
 
+class Blocks:
+    """``BLOCK_SIZE`` blocks of one object fetched on demand, the ``count`` most recently used
+    kept. One may serve several RangeFiles of the object (HDF5: each reading thread's handle),
+    so that what they all read (the file's metadata, its chunk index) is fetched once."""
+
+    def __init__(self, fetcher: Fetcher, path: str, size: int, count: int = 32):
+        self.fetcher, self.path, self.size, self.count = fetcher, path, size, count
+        self._blocks: OrderedDict[int, Span] = OrderedDict()
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict:  # a copy in another process starts empty
+        return {"fetcher": self.fetcher, "path": self.path, "size": self.size, "count": self.count}
+
+    def __setstate__(self, state: dict) -> None:
+        Blocks.__init__(self, **state)
+
+    def get(self, index: int) -> Span:
+        if self._pid != os.getpid():  # a forked child: its own lock (a parent's thread may have held this one)
+            Blocks.__init__(self, self.fetcher, self.path, self.size, self.count)
+        with self._lock:
+            block = self._blocks.get(index)
+            if block is not None:
+                self._blocks.move_to_end(index)
+                return block
+        start = index * BLOCK_SIZE
+        block = self.fetcher.fetch(self.path, start, min(self.size, start + BLOCK_SIZE))
+        with self._lock:
+            self._blocks[index] = block
+            while len(self._blocks) > self.count:
+                self._blocks.popitem(last=False)
+        return block
+
+
 class RangeFile(io.RawIOBase):
     """A read-only seekable view of one object whose reads are served from a prefetched span,
-    else from a small cache of ``BLOCK_SIZE`` blocks fetched on demand."""
+    else from blocks fetched on demand (``blocks``: shared with other views of the object)."""
 
-    def __init__(self, fetcher: Fetcher, path: str, size: int, blocks: int = 32):
+    def __init__(self, fetcher: Fetcher, path: str, size: int, blocks: Blocks | None = None):
         super().__init__()
         self.fetcher, self.path, self.size = fetcher, path, size
         self._pos = 0
         self._span: Span | None = None
-        self._blocks: OrderedDict[int, Span] = OrderedDict()
-        self._max_blocks = blocks
+        self._blocks = blocks if blocks is not None else Blocks(fetcher, path, size)
 
     def readable(self) -> bool:
         return True
@@ -367,17 +405,6 @@ class RangeFile(io.RawIOBase):
         buffer = bytearray(n)
         return bytes(buffer[:self.readinto(buffer)])
 
-    def _block(self, index: int) -> Span:
-        block = self._blocks.get(index)
-        if block is None:
-            start = index * BLOCK_SIZE
-            block = self._blocks[index] = self.fetcher.fetch(self.path, start, min(self.size, start + BLOCK_SIZE))
-            while len(self._blocks) > self._max_blocks:
-                self._blocks.popitem(last=False)
-        else:
-            self._blocks.move_to_end(index)
-        return block
-
     def readinto(self, buffer) -> int:
         with _GC_PAUSE:
             return self._readinto(buffer)
@@ -395,7 +422,7 @@ class RangeFile(io.RawIOBase):
         else:
             while done < n:
                 index, offset = divmod(pos + done, BLOCK_SIZE)
-                block = self._block(index)
+                block = self._blocks.get(index)
                 take = min(n - done, len(block) - offset)
                 view[done:done + take] = block.view(block.start + offset, take)
                 done += take

@@ -196,8 +196,8 @@ def iter_batches(store: Store, opts: EpochOptions, epoch: int = 0, start_batch: 
 
     def upcoming(i: int) -> None:
         span = store.format.piece_span(listing, store.pieces[i])
-        if span is not None:
-            listing.extra["remote"].fetcher.ahead(*span)
+        if span is not None and listing.fetcher is not None:
+            listing.fetcher.ahead(*span)
 
     for x, y, ids in engine.run_epoch(
             epoch_plan(store, opts, epoch), store.piece_rows, read,

@@ -3,6 +3,7 @@ read without copies, and h5py reading through a RangeFile while garbage collecti
 from __future__ import annotations
 
 import gc
+import threading
 import time
 
 import fsspec
@@ -108,6 +109,31 @@ def test_a_span_up_to_the_request_limit_is_one_request_and_one_buffer(counted):
     assert (CountingFileSystem.requests, len(span.parts)) == (1, 1)
     assert isinstance(span.view(10, 1000), memoryview) and bytes(span.view(10, 1000)) == data[10:1010]
     assert fetcher.fetch(path, 0, 1001).tobytes() == data[:1001] and CountingFileSystem.requests == 1 + 11
+
+
+def test_cache_writes_outlive_their_fetcher_and_leave_no_thread_behind(counted, tmp_path):
+    """The cache is written behind the reads: a store dropped right after its epoch (its
+    fetcher collected) still gets its ranges written by ``flush_cache_writes``, and once the
+    queue is empty no writer thread is left running."""
+    from trainfeed.converters.storage.cache import DiskCache
+    from trainfeed.converters.storage.fetch import flush_cache_writes
+
+    fs, path, data = counted
+    fetcher = Fetcher(fs, part_size=100, max_request=1000, cache=DiskCache(tmp_path / "cache", 1 << 20))
+    assert [fetcher.fetch(path, a, a + 500).tobytes() for a in range(0, 5000, 500)] == \
+        [data[a:a + 500] for a in range(0, 5000, 500)]
+    del fetcher
+    gc.collect()
+    flush_cache_writes(timeout=30)
+    deadline = time.monotonic() + 10  # a writer ends just after its last range is counted written
+    while [t for t in threading.enumerate() if t.name == "trainfeed-cache-writer"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not [t for t in threading.enumerate() if t.name == "trainfeed-cache-writer"]
+    again = Fetcher(fs, part_size=100, max_request=1000, cache=DiskCache(tmp_path / "cache", 1 << 20))
+    before = CountingFileSystem.requests
+    assert [again.fetch(path, a, a + 500).tobytes() for a in range(0, 5000, 500)] == \
+        [data[a:a + 500] for a in range(0, 5000, 500)]
+    assert CountingFileSystem.requests == before  # every range from the cache
 
 
 def test_a_span_fetched_ahead_is_not_requested_again(counted):
