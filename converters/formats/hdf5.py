@@ -209,7 +209,7 @@ def piece_span(listing: Pieces, piece: tuple[str, int, int]) -> tuple[str, int, 
     """(object, start, end) of a remote piece's tensor slice, the span ``read_piece`` prefetches:
     what a reader asks the fetcher for ahead of decoding it. Ids and labels are small and read
     through the file's block cache."""
-    span = listing.extra.get("spans", {}).get(piece)
+    span = listing.extra["spans"].get(piece)
     return None if span is None else (piece[0], *span)
 
 
@@ -222,8 +222,9 @@ def read_piece(listing: Pieces, piece: tuple[str, int, int], handles: dict[Any, 
         handles[f] = listing.extra["opener"].open(f)
     h5, remote = handles[f]
     ds = h5[listing.spec.name]
-    if remote is not None and piece in listing.extra["spans"]:
-        remote.prefetch(*listing.extra["spans"][piece])  # requested ahead by the reader (piece_span)
+    span = piece_span(listing, piece)
+    if remote is not None and span is not None:
+        remote.prefetch(*span[1:])  # the span the reader requested ahead
     ids = [x.decode() if isinstance(x, bytes) else x for x in h5[ID][start:stop]]
     y = h5[LABEL][start:stop].astype(np.int64, copy=False) if listing.schema.labeled \
         else np.full(stop - start, -1, np.int64)
