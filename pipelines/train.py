@@ -30,7 +30,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--framework", choices=("torch", "tf"), default="torch")
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--steps-per-epoch", type=int, default=None)
-    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--batch-size", type=int, default=32, help="samples per step on each process")
+    ap.add_argument("--global-batch-size", type=int, default=None,
+                    help="samples per step on all processes (default: --batch-size x --processes); keep it to resume "
+                         "on another number of processes")
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--checkpoint-dir", default=None)
@@ -54,6 +57,7 @@ def check_shared(*paths: str | None) -> None:
 def train(args: argparse.Namespace) -> dict:
     cfg = TrainConfig(data=args.data, out=args.out, device=args.device, framework=args.framework,
                       epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, batch_size=args.batch_size,
+                      global_batch_size=args.global_batch_size,
                       width=args.width, workers=args.workers, checkpoint_dir=args.checkpoint_dir,
                       delta_version=args.delta_version, resume=args.resume, progress=False)
     if args.processes <= 1:

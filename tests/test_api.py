@@ -18,7 +18,7 @@ SHAPE = (4, 4, 2, 1)
 def readme_examples() -> list[str]:
     """The README's Python API example: its numpy-only part, then its PyTorch part."""
     text = (Path(__file__).parents[1] / "README.md").read_text()
-    section = text.split("\n## Python API\n", 1)[1].split("\n## ", 1)[0]
+    section = text.split("\n## Python API\n", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert len(blocks) == 2, "the Python API section holds the example in two parts"
     return blocks
@@ -64,18 +64,23 @@ def store56(tmp_path_factory):
     return store, sorted((a.tobytes(), lab) for a, lab in truth.values())
 
 
-def epoch_of(dataset, num_workers: int) -> list[tuple[bytes, np.ndarray]]:
+def epoch_of(dataset, num_workers: int, real: bool = False) -> list[tuple[bytes, np.ndarray]]:
+    """One epoch through a DataLoader; ``real``: without the rows that pad the last batch."""
     from torch.utils.data import DataLoader
 
     timeout = 300 if num_workers else 0  # a hung worker fails the test, not the run
-    return [(x.numpy().tobytes(), y.numpy().copy())
-            for x, y in DataLoader(dataset, batch_size=None, num_workers=num_workers, timeout=timeout)]
+    loader = DataLoader(dataset, batch_size=None, num_workers=num_workers, timeout=timeout)
+    out = []
+    for k, (x, y) in enumerate(loader, start=dataset.start_batch):
+        keep = len(y) - (dataset.padding(k) if real else 0)
+        out.append((x[:keep].numpy().tobytes(), y[:keep].numpy().copy()))
+    return out
 
 
 def samples_of(batches) -> list[tuple[bytes, int]]:
     out = []
     for xb, y in batches:
-        rows = np.frombuffer(xb, np.float32).reshape(len(y), -1)
+        rows = np.frombuffer(xb, np.float32).reshape(len(y), -1) if len(y) else []
         out += [(r.tobytes(), int(lab)) for r, lab in zip(rows, y)]
     return sorted(out)
 
@@ -91,7 +96,7 @@ def test_torch_dataset_with_two_workers_delivers_every_sample_once(store56, monk
             monkeypatch.setenv("WORLD_SIZE", str(world))
             dataset = trainfeed.TorchDataset(store, batch_size=5, seed=1)
             dataset.set_epoch(epoch)
-            delivered += epoch_of(dataset, num_workers=2)
+            delivered += epoch_of(dataset, num_workers=2, real=True)
         assert samples_of(delivered) == truth  # bit for bit, each sample once
         epochs.append([x for x, _ in delivered])
     assert epochs[0] != epochs[1]  # a new order each epoch
@@ -101,7 +106,7 @@ def test_torch_dataset_with_two_workers_delivers_every_sample_once(store56, monk
 def test_state_dict_resumes_at_the_exact_next_batch(store56, num_workers):
     store, truth = store56
     full = epoch_of(trainfeed.TorchDataset(store, batch_size=5, seed=2), num_workers)
-    assert len(full) == (12 if num_workers == 0 else 7 + 5) and samples_of(full) == truth
+    assert len(full) == 12 and samples_of(full) == truth
     for done in (1, 2, 5, 9, 11, 12):
         first = trainfeed.TorchDataset(store, batch_size=5, seed=2)
         state = first.state_dict(done)
@@ -111,9 +116,9 @@ def test_state_dict_resumes_at_the_exact_next_batch(store56, num_workers):
         assert [x for x, _ in rest] == [x for x, _ in full[done:]], done
         if done == len(full):
             continue
-        # resumed again, part-way through the resumed iteration: counts add up
+        # resumed again, part-way through the resumed iteration: counted from the epoch's start
         again = trainfeed.TorchDataset(store, batch_size=5, seed=2)
-        again.load_state_dict(resumed.state_dict(1))
+        again.load_state_dict(resumed.state_dict(done + 1))
         assert [x for x, _ in epoch_of(again, num_workers)] == [x for x, _ in full[done + 1:]]
     # the next epoch starts from its first batch
     resumed.set_epoch(1)
@@ -125,8 +130,8 @@ def test_state_dict_resumes_at_the_exact_next_batch(store56, num_workers):
 def test_a_state_for_other_batches_is_refused(store56):
     store, _ = store56
     state = trainfeed.TorchDataset(store, batch_size=5, seed=2).state_dict(3)
-    with pytest.raises(trainfeed.TrainfeedError, match=r"cannot resume: the state was saved with other batch_size "
-                                                       r"\(5, now 8\)"):
+    with pytest.raises(trainfeed.TrainfeedError, match=r"cannot resume: the state was saved for global_batch_size 5 "
+                                                       r"\(now 8\), lanes 5 \(now 8\)"):
         trainfeed.TorchDataset(store, batch_size=8, seed=2).load_state_dict(state)
 
 
@@ -158,9 +163,9 @@ def test_options_objects_read_what_the_keywords_read(store56):
     by_object = trainfeed.open_store(uri, options=trainfeed.OpenOptions(field="volume", io_concurrency=3))
     assert by_object.open_options == by_keywords.open_options == trainfeed.OpenOptions(field="volume",
                                                                                        io_concurrency=3)
-    epoch = trainfeed.EpochOptions(batch_size=6, seed=3, shuffle_buffer=16, workers=1, shard=1, num_shards=2,
+    epoch = trainfeed.EpochOptions(batch_size=6, seed=3, shuffle_buffer=16, workers=1, rank=1, world_size=2,
                                    drop_last=True)
-    keywords = dict(seed=3, shuffle_buffer=16, workers=1, shard=1, num_shards=2, drop_last=True)
+    keywords = dict(seed=3, shuffle_buffer=16, workers=1, rank=1, world_size=2, drop_last=True)
 
     def epoch_of_batches(batches):
         return [(b.ids, b.x.tobytes(), b.y.tobytes()) for b in batches]
@@ -194,8 +199,8 @@ def test_an_options_object_and_a_conflicting_keyword_are_refused(store56):
         trainfeed.open_store(store.uri, options=trainfeed.OpenOptions(), version=1)
     with pytest.raises(trainfeed.UsageError, match=r"drop_last=True \(options has False\)"):
         trainfeed.TorchDataset(store, options=trainfeed.EpochOptions(), drop_last=True)
-    with pytest.raises(trainfeed.UsageError, match="shards by rank and DataLoader worker itself"):
-        trainfeed.TorchDataset(store, options=trainfeed.EpochOptions(num_shards=2))
+    with pytest.raises(trainfeed.UsageError, match="takes the rank and world size from torch.distributed"):
+        trainfeed.TorchDataset(store, options=trainfeed.EpochOptions(world_size=2))
     with pytest.raises(trainfeed.UsageError, match="options must be a EpochOptions, not OpenOptions"):
         store.batches(options=trainfeed.OpenOptions())  # type: ignore[arg-type]
 
@@ -210,7 +215,8 @@ def test_options_objects_pickle_and_have_one_default_each():
                                    io_concurrency=4, cache_dir="/tmp/c", cache_limit=10**6, image_size=(8, 8),
                                    foreign=foreign_schema("t", "2x2", None, None, None, None))
     epoch = trainfeed.EpochOptions(batch_size=4, shuffle=False, seed=9, shuffle_buffer=8, drop_last=True,
-                                   workers=3, pool="arrow", shard=1, num_shards=2, augment=True)
+                                   workers=3, pool="arrow", rank=1, world_size=2, global_batch_size=8, lanes=2,
+                                   augment=True)
     for options in (opened, epoch, trainfeed.OpenOptions(), trainfeed.EpochOptions()):
         assert pickle.loads(pickle.dumps(options)) == options
     # the keywords of the API default to the objects' defaults (a keyword at its default is "not given")
@@ -253,3 +259,55 @@ def test_convert_takes_src_labels_csv_and_names_fixes_in_keyword_arguments(tmp_p
     assert not trainfeed.open_store(str(tmp_path / "b.parquet")).reader.schema.labeled
     with pytest.raises(trainfeed.TrainfeedError, match=r'destination already exists; pass mode="overwrite" to '):
         trainfeed.convert(str(tmp_path / "src"), str(tmp_path / "a.parquet"), format="parquet")
+
+
+def test_hostile_positions_and_arguments_get_clear_errors(store56, monkeypatch, tmp_path):
+    """Each break a hostile user found (issue #30) is now a clear error, not a crash, a silent
+    empty epoch or a silently wrong position."""
+    store, _ = store56
+    dataset = trainfeed.TorchDataset(store, batch_size=5, seed=2)
+    with pytest.raises(trainfeed.TrainfeedError, match="takes a state from TorchDataset.state_dict, not NoneType"):
+        dataset.load_state_dict(None)  # type: ignore[arg-type]
+    with pytest.raises(trainfeed.TrainfeedError, match="not a TorchDataset position"):
+        dataset.load_state_dict({"epoch": 0, "batch": 3})
+    state = dataset.state_dict(3)
+    with pytest.raises(trainfeed.TrainfeedError, match="the state's batch must be an integer, 0 or more, not -1"):
+        dataset.load_state_dict({**state, "batch": -1})
+    with pytest.raises(trainfeed.TrainfeedError, match=r"the state.s batch 13 is past the end of an epoch \(12"):
+        dataset.load_state_dict({**state, "batch": 13})
+    with pytest.raises(trainfeed.TrainfeedError, match="saved for another store, or another generation of it"):
+        dataset.load_state_dict({**state, "store": "0123456789abcdef"})
+    with pytest.raises(trainfeed.TrainfeedError, match="saved for seed 9 \\(now 2\\)"):
+        dataset.load_state_dict({**state, "seed": 9})
+    with pytest.raises(trainfeed.UsageError, match="count batches from the epoch's start"):
+        resumed = trainfeed.TorchDataset(store, batch_size=5, seed=2)
+        resumed.load_state_dict(state)
+        resumed.state_dict(1)  # counted since the resume: refused, not a silent step back
+    with pytest.raises(trainfeed.UsageError, match="an epoch has 12 batches on each rank"):
+        dataset.state_dict(13)
+    with pytest.raises(trainfeed.UsageError, match="batch_size must be an integer, at least 1, not 0"):
+        trainfeed.TorchDataset(store, batch_size=0)
+    with pytest.raises(trainfeed.TrainfeedError, match="56 samples, fewer than one batch of 64"):
+        trainfeed.TorchDataset(store, batch_size=64, drop_last=True)
+    with pytest.raises(trainfeed.UsageError, match="lanes \\(3\\) must divide the global batch size \\(8\\)"):
+        trainfeed.TorchDataset(store, batch_size=8, lanes=3)
+    for env, said in (({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 and WORLD_SIZE=2 in the environment"),
+                      ({"RANK": "-1", "WORLD_SIZE": "2"}, "RANK=-1 and WORLD_SIZE=2 in the environment"),
+                      ({"RANK": "1"}, "RANK is set in the environment but WORLD_SIZE is not")):
+        for name in ("RANK", "WORLD_SIZE"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        with pytest.raises(trainfeed.UsageError, match=said):
+            trainfeed.TorchDataset(store, batch_size=5)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(trainfeed.UsageError, match="global_batch_size=10 cannot be shared evenly by a world of 3"):
+        trainfeed.TorchDataset(store, global_batch_size=10)
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    with pytest.raises(trainfeed.UsageError, match="a store's path or URL is needed, not ''"):
+        trainfeed.open_store("")
+    monkeypatch.chdir(tmp_path)  # before, "" opened the current folder
+    with pytest.raises(trainfeed.UsageError, match="a store's path or URL is needed"):
+        trainfeed.open_store("   ")

@@ -341,7 +341,7 @@ def test_the_requirements_are_what_the_api_declares():
     for item in ("convert.format", "convert.src", "open_store.storage_options", "Store.batches()",
                  "Store.batches.seed", "TorchDataset.batch_size", "TorchDataset.set_epoch()",
                  "TorchDataset.epoch (read)", "tf_dataset.prefetch", "TrainConfig.data", "TrainConfig.foreign",
-                 "OpenOptions.cache_dir", "EpochOptions.shard", "ForeignSchema.encoding",
+                 "OpenOptions.cache_dir", "EpochOptions.rank", "ForeignSchema.encoding",
                  "ConvertResult.samples (read)", "TrainResult.summary (read)", "Batch.x (read)",
                  "Batch.nbytes (read)", "Store.uri (read)",
                  "UsageError.exit_code (read)", "train.config", "__version__"):
@@ -366,8 +366,8 @@ ds, other = TD(store.uri, pool="arrow"), 1
 ds.set_epoch(2)
 
 def helper(s: trainfeed.Store, other):
-    s.batches(shard=1)
-    other.batches(num_shards=2)    # unknown receiver: not counted
+    s.batches(rank=1)
+    other.batches(world_size=2)    # unknown receiver: not counted
     trainfeed.Store.batches        # not a call
     opts = dict(cache_dir="c")
 
@@ -381,5 +381,5 @@ def another():
             "ConvertResult.from_summary.summary", "open_store", "open_store.uri", "Store.batches()",
             "Store.batches.batch_size", "Store.batches.seed", "Batch.ids (read)", "Store.batches.drop_last",
             "Batch.nbytes (read)", "TorchDataset", "TorchDataset.store", "TorchDataset.pool", "Store.uri (read)",
-            "TorchDataset.set_epoch()", "TorchDataset.set_epoch.epoch", "Store", "Store.batches.shard"}
+            "TorchDataset.set_epoch()", "TorchDataset.set_epoch.epoch", "Store", "Store.batches.rank"}
     assert got == want, (sorted(got - want), sorted(want - got))

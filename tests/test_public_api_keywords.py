@@ -238,11 +238,15 @@ def test_torch_dataset_keywords_read_what_store_batches_reads(data):
     ids = [i for b in store.batches(5, shuffle=False) for i in b.ids]
     x = np.frombuffer(b"".join(xb for xb, _ in got), np.float32).reshape(N, -1)
     assert [(i, r.tobytes()) for i, r in zip(ids, x)] == [(i, data["truth"][i][0].tobytes()) for i in ids]
-    window = trainfeed.TorchDataset(store, batch_size=5, seed=3, shuffle_buffer=4)
+    window = trainfeed.TorchDataset(store, batch_size=5, seed=3, shuffle_buffer=4, lanes=1)
     window.set_epoch(2)
-    assert window.epoch == 2
-    assert torch_batches(window) == store_batches(store.batches(5, seed=3, epoch=2, shuffle_buffer=4))
-    assert torch_batches(window) != store_batches(store.batches(5, seed=3, epoch=2))  # another window
+    assert window.epoch == 2 and window.lanes == 1
+    assert torch_batches(window) == store_batches(store.batches(5, seed=3, epoch=2, shuffle_buffer=4, lanes=1))
+    assert torch_batches(window) != store_batches(store.batches(5, seed=3, epoch=2, lanes=1))  # another window
+    whole = trainfeed.TorchDataset(store, global_batch_size=6, seed=3)  # one process: its batch is the global one
+    assert (whole.batch_size, whole.global_batch_size, whole.lanes, whole.rank, whole.world_size) == (6, 6, 6, 0, 1)
+    assert torch_batches(whole) == store_batches(store.batches(seed=3, global_batch_size=6))
+    assert len(whole) == N // 6
 
 
 def test_torch_dataset_augments_as_store_batches(photos):
@@ -259,12 +263,12 @@ def test_torch_dataset_augments_as_store_batches(photos):
 @pytest.mark.tf
 def test_tf_dataset_keywords_read_what_store_batches_reads(data, photos):
     store = trainfeed.open_store(data["parquet"])
-    settings = dict(batch_size=3, shuffle=True, seed=2, drop_last=True, workers=1, pool="arrow", shard=1,
-                    num_shards=2)
+    settings = dict(batch_size=3, shuffle=True, seed=2, drop_last=True, workers=1, pool="arrow", rank=1,
+                    world_size=2, global_batch_size=6, lanes=2)
     ds = trainfeed.tf_dataset(store, epoch=1, start_batch=1, prefetch=1, augment=False, **settings)
     got = [(x.numpy().tobytes(), y.numpy().tolist()) for x, y in ds]
     want = store_batches(store.batches(epoch=1, start_batch=1, **settings))
-    assert got == want and len(got) == 8 // 3 - 1  # shard 1: piece 1 (8 rows); whole batches, from the 2nd
+    assert got == want and len(got) == N // 6 - 1  # rank 1's half of each global batch of 6, from the 2nd
     images = trainfeed.open_store(photos["parquet"])
     augmented = [(x.numpy().tobytes(), y.numpy().tolist())
                  for x, y in trainfeed.tf_dataset(images, batch_size=4, seed=1, augment=True)]
@@ -441,11 +445,15 @@ def test_train_config_names_the_options_it_opens_and_reads_with(data):
     config = trainfeed.TrainConfig(data=data["parquet"], field_name="volume", io_concurrency=3, batch_size=4, seed=5,
                                    shuffle_buffer=16, workers=1, augment=False)
     assert config.open_options() == trainfeed.OpenOptions(field="volume", io_concurrency=3)
-    shard = config.epoch_options(shard=1, num_shards=2)
-    assert shard == trainfeed.EpochOptions(batch_size=4, seed=5, shuffle_buffer=16, workers=1, shard=1, num_shards=2)
+    ranks = [config.epoch_options(rank=r, world_size=2) for r in (0, 1)]
+    assert ranks[1] == trainfeed.EpochOptions(batch_size=4, seed=5, shuffle_buffer=16, workers=1, rank=1, world_size=2)
     store = trainfeed.open_store(config.data, options=config.open_options())
-    ids = sorted(data["truth"])[8:16]  # shard 1 of 2: the second of the three row groups
-    assert rows_of(store.batches(options=shard)) == truth_rows(data["truth"], ids)
+    both = sorted(rows_of(store.batches(options=ranks[0])) + rows_of(store.batches(options=ranks[1])))
+    assert both == truth_rows(data["truth"], sorted(data["truth"]))  # 3 global batches of 8: each sample once
+    global_ = trainfeed.TrainConfig(data=data["parquet"], global_batch_size=8, lanes=2, augment=False)
+    opts = global_.epoch_options(rank=0, world_size=2)
+    assert opts == trainfeed.EpochOptions(batch_size=4, rank=0, world_size=2, global_batch_size=8, lanes=2)
+    assert (opts.global_batch, opts.rank_batch, opts.lane_count) == (8, 4, 2)
     secret = trainfeed.TrainConfig(data=config.data, storage_options={"account_key": "s3cr3t-value"})
     assert secret.to_dict()["storage_options"] == ["account_key"] and "s3cr3t" not in json.dumps(secret.to_dict())
 

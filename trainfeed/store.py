@@ -65,17 +65,23 @@ class Store:
 
     def batches(self, batch_size: int = 32, *, options: EpochOptions | None = None, epoch: int = 0,
                 start_batch: int = 0, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
-                workers: int = 2, pool: Pool = "arrow", shuffle_buffer: int = 256, shard: int = 0,
-                num_shards: int = 1, augment: bool = False) -> Iterator[Batch]:
-        """One epoch of ``Batch(x, y, ids)``: every sample of shard ``shard`` of ``num_shards``
-        exactly once, in an order fixed by ``seed`` and ``epoch``; from batch ``start_batch`` on
-        (earlier batches are not read). ``drop_last`` drops a last, smaller batch. Encoded images
-        are decoded; ``augment`` gives them a random resized crop and flip (from seed, epoch, id).
-        ``options``: an ``EpochOptions`` holding these settings instead of the keywords (a
-        keyword that differs from it is refused)."""
+                workers: int = 2, pool: Pool = "arrow", shuffle_buffer: int = 256, rank: int = 0,
+                world_size: int = 1, global_batch_size: int | None = None, lanes: int | None = None,
+                augment: bool = False) -> Iterator[Batch]:
+        """One epoch of ``Batch(x, y, ids, padding)`` in an order fixed by ``seed`` and ``epoch``,
+        from batch ``start_batch`` on (earlier batches are not read). ``rank`` of ``world_size``:
+        this reader's part of each global batch of ``global_batch_size`` (default ``batch_size`` x
+        ``world_size``); the samples of global batch k do not depend on the world size, and every
+        rank gets the same number of batches (README, "Many GPUs"). ``drop_last`` drops the short
+        tail; without it, several ranks get the last batch filled with the epoch's first samples
+        again (``Batch.padding`` counts them). Encoded images are decoded; ``augment`` gives them a
+        random resized crop and flip (from seed, epoch, id). ``options``: an ``EpochOptions``
+        holding these settings instead of the keywords (a keyword that differs from it is refused)."""
         opts = epoch_options(options, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
-                             workers=workers, pool=pool, shuffle_buffer=shuffle_buffer, shard=shard,
-                             num_shards=num_shards, augment=augment)
+                             workers=workers, pool=pool, shuffle_buffer=shuffle_buffer, rank=rank,
+                             world_size=world_size, global_batch_size=global_batch_size, lanes=lanes,
+                             augment=augment)
+        readers.batches_per_rank(self.reader, opts)  # a store that cannot give every rank a batch is refused
         return readers.iter_batches(self.reader, opts, epoch, start_batch=start_batch)
 
     def __repr__(self) -> str:

@@ -112,7 +112,15 @@ def main_command(
     framework: Framework = typer.Option(Framework.torch, "--framework"),
     device: Device = typer.Option(Device.cpu, "--device", help="cuda: pinned memory, non-blocking copies, "
                                   "device prefetch, synchronized timing."),
-    batch_size: int = typer.Option(32, "--batch-size"),
+    batch_size: int = typer.Option(32, "--batch-size", help="Samples per step on each rank (process)."),
+    global_batch_size: Optional[int] = typer.Option(None, "--global-batch-size", help="Samples per step on all "
+                                                    "ranks together, shared evenly (each rank: this / world size). "
+                                                    "Default: --batch-size x world size. Resuming on another number "
+                                                    "of ranks needs the same global batch: give it here."),
+    lanes: Optional[int] = typer.Option(None, "--lanes", help="How an epoch is dealt among ranks: it must divide "
+                                        "the global batch; with a world size that divides it, each rank reads only "
+                                        "its own lanes' pieces. Default: the largest divisor of the global batch up "
+                                        "to 8. A resume keeps it."),
     steps_per_epoch: Optional[int] = typer.Option(None, "--steps-per-epoch", help="Default: one pass over the data."),
     epochs: int = typer.Option(1, "--epochs"),
     workers: int = typer.Option(2, "--workers", help="Reader threads (or, with a Petastorm --reader-pool, "
@@ -121,7 +129,7 @@ def main_command(
                               "sharded/process/thread/dummy: Petastorm's, needs trainfeed[petastorm]."),
     amp: bool = typer.Option(False, "--amp", help="Mixed precision: bf16 where supported, else fp16 with loss "
                              "scaling."),
-    seed: int = typer.Option(0, "--seed", help="Seeds the model, the shuffle order and sharding (0 to 2^32-1)."),
+    seed: int = typer.Option(0, "--seed", help="Seeds the model and the order of every epoch (0 to 2^32-1)."),
     lr: float = typer.Option(1e-3, "--lr", help="Adam learning rate (a positive number)."),
     width: int = typer.Option(64, "--width", help="Channels of the first stage: 64 is ResNet-18 (3D: 33.2M "
                               "parameters); smaller is for quick runs."),
@@ -145,7 +153,8 @@ def main_command(
                                                 "(Delta tables only; 0 to the latest version)."),
     labels: Optional[str] = typer.Option(None, "--labels", help="blob: labels CSV (id,label), as convert takes it."),
     field: Optional[str] = typer.Option(None, "--field", help="Tensor field to train on (default: the first)."),
-    shuffle_buffer: int = typer.Option(256, "--shuffle-buffer", help="Samples held for shuffling."),
+    shuffle_buffer: int = typer.Option(256, "--shuffle-buffer", help="Samples shuffled together (at least; held "
+                                       "in memory, shared among the lanes)."),
     warmup_steps: int = typer.Option(1, "--warmup-steps", help="Steps excluded from the summary (0 to the run's "
                                      "total steps)."),
     storage_option: List[str] = typer.Option([], "--storage-option", help="KEY=VALUE for a URL in --data, "
@@ -203,7 +212,8 @@ def main_command(
     with exit_codes():
         cfg = TrainConfig(
             data=data, fmt=fmt.value if fmt else None, framework=framework.value, device=device.value,
-            batch_size=batch_size, steps_per_epoch=steps_per_epoch, epochs=epochs, workers=workers, pool=pool.value,
+            batch_size=batch_size, global_batch_size=global_batch_size, lanes=lanes, steps_per_epoch=steps_per_epoch,
+            epochs=epochs, workers=workers, pool=pool.value,
             amp=amp, seed=seed, lr=lr, width=width, num_classes=num_classes, out=out, eval_data=eval_data,
             checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
             delta_version=delta_version, labels_csv=labels, field_name=field, shuffle_buffer=shuffle_buffer,

@@ -33,8 +33,10 @@ class TrainConfig:
     fmt: str | None = None
     framework: Framework = "torch"
     device: Device = "cpu"
-    batch_size: int = 32
-    steps_per_epoch: int | None = None  # None: a full pass over this rank's shard
+    batch_size: int = 32  # per rank
+    global_batch_size: int | None = None  # all ranks together; None: batch_size x world size (a resume keeps it)
+    lanes: int | None = None  # how an epoch is dealt among ranks (training/reading/order.py); None: the default
+    steps_per_epoch: int | None = None  # None: a full pass (the global batches of an epoch)
     epochs: int = 1
     workers: int = 2
     pool: str = "arrow"  # readers.POOLS (checked by readers.open_store): arrow is trainfeed's engine
@@ -76,12 +78,14 @@ class TrainConfig:
                            cache_dir=self.cache_dir, cache_limit=self.cache_limit, image_size=self.image_size,
                            foreign=self.foreign)
 
-    def epoch_options(self, shard: int = 0, num_shards: int = 1) -> EpochOptions:
-        """How an epoch of shard ``shard`` of ``num_shards`` is read: the one place these fields
-        become an ``EpochOptions`` (the rest keep its defaults)."""
-        return EpochOptions(batch_size=self.batch_size, seed=self.seed, shuffle_buffer=self.shuffle_buffer,
-                            workers=self.workers, pool=self.pool, shard=shard, num_shards=num_shards,
-                            augment=self.augment)
+    def epoch_options(self, rank: int = 0, world_size: int = 1) -> EpochOptions:
+        """How rank ``rank`` of ``world_size`` reads an epoch: the one place these fields become an
+        ``EpochOptions`` (the rest keep its defaults). With ``global_batch_size`` each rank's
+        batch is its share of it."""
+        batch = self.batch_size if self.global_batch_size is None else self.global_batch_size // max(1, world_size)
+        return EpochOptions(batch_size=batch, seed=self.seed, shuffle_buffer=self.shuffle_buffer,
+                            workers=self.workers, pool=self.pool, rank=rank, world_size=world_size,
+                            global_batch_size=self.global_batch_size, lanes=self.lanes, augment=self.augment)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -97,6 +101,9 @@ def check(cfg: TrainConfig) -> None:
         raise UsageError(f"--device must be cpu or cuda, not {cfg.device!r}")
     for name in ("batch_size", "epochs", "workers", "width", "io_concurrency"):
         if getattr(cfg, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
+    for name in ("global_batch_size", "lanes"):
+        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
     if cfg.steps_per_epoch is not None and cfg.steps_per_epoch < 1:
         raise UsageError("--steps-per-epoch must be at least 1")
@@ -166,5 +173,18 @@ def check_folder(option: str, path: str) -> None:
 
 
 def distributed_env() -> tuple[int, int, int]:
-    """(rank, world size, local rank) as torchrun / TorchDistributor set them."""
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+    """(rank, world size, local rank) as torchrun / TorchDistributor set them (RANK, WORLD_SIZE,
+    LOCAL_RANK; none of them: a single process). Settings that name no rank of a world are refused."""
+    env = {name: os.environ.get(name, "").strip() for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    for name, value in env.items():
+        if value and not value.lstrip("-").isdigit():
+            raise UsageError(f"{name}={value!r} in the environment is not an integer")
+    if bool(env["RANK"]) != bool(env["WORLD_SIZE"]):
+        given, missing = ("RANK", "WORLD_SIZE") if env["RANK"] else ("WORLD_SIZE", "RANK")
+        raise UsageError(f"{given} is set in the environment but {missing} is not: set both (torchrun does), "
+                         "or neither for a single process")
+    rank, world = int(env["RANK"] or 0), int(env["WORLD_SIZE"] or 1)
+    if world < 1 or not 0 <= rank < world:
+        raise UsageError(f"RANK={rank} and WORLD_SIZE={world} in the environment: the rank must be 0 to "
+                         f"WORLD_SIZE - 1, and WORLD_SIZE at least 1")
+    return rank, world, int(env["LOCAL_RANK"] or 0)

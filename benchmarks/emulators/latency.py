@@ -8,6 +8,9 @@ flight: latency, not a bandwidth limit.
 
     with LatencyRelay(server.port, 0.020) as relay:
         endpoint = f"http://127.0.0.1:{relay.port}"
+
+It counts the bytes the server answered (``answered``: what a reader really fetched), and can
+play an outage: ``down(True)`` drops every connection and refuses new ones until ``down(False)``.
 """
 from __future__ import annotations
 
@@ -20,6 +23,9 @@ class LatencyRelay:
         self.upstream = (host, upstream_port)
         self.delay = delay
         self.port = 0
+        self.answered = 0  # bytes from the server to its clients
+        self._down = False
+        self._open: set[asyncio.StreamWriter] = set()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="latency-relay", daemon=True)
@@ -33,16 +39,32 @@ class LatencyRelay:
         self._ready.set()
         self._loop.run_forever()
 
+    def down(self, down: bool) -> None:
+        """An outage (True): every connection dropped, new ones refused; False: answering again."""
+        self._down = down
+        if down:
+            self._loop.call_soon_threadsafe(self._drop_all)
+
+    def _drop_all(self) -> None:
+        for writer in list(self._open):
+            writer.close()
+
     async def _connection(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        if self._down:
+            client_w.close()
+            return
         try:
             up_r, up_w = await asyncio.open_connection(*self.upstream)
         except OSError:
             client_w.close()
             return
+        self._open.update((client_w, up_w))
         try:
             await asyncio.gather(self._delayed(client_r, up_w), self._pipe(up_r, client_w), return_exceptions=True)
         except asyncio.CancelledError:  # the relay closing: asyncio would log a cancelled connection as an error
             client_w.close()
+        finally:
+            self._open.difference_update((client_w, up_w))
 
     async def _delayed(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Client -> server: each chunk sent ``delay`` after it arrived."""
@@ -67,10 +89,10 @@ class LatencyRelay:
             queue.put_nowait((0.0, None))
             await sender
 
-    @staticmethod
-    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while data := await reader.read(1 << 20):
+                self.answered += len(data)
                 writer.write(data)
                 await writer.drain()
         finally:

@@ -11,10 +11,10 @@ One dataset of volumes is converted to Parquet, Delta and HDF5 on local disk, th
   concurrency, next to the floor in the same round (interleaved);
 - **local**: one epoch of the store on local disk (the decode cost the floor does not pay);
 - **cache**: at 8 in flight, epoch 1 filling a fresh ``cache_dir`` and epoch 2 from it;
-- **dataloader**: what most PyTorch users run: ``DataLoader(TorchDataset(store), num_workers=W)``
-  under each start method (fork, forkserver, spawn), W = 2 and 4, and W = 0 (trainfeed's
-  threads in the training process), without and with a fresh ``cache_dir``; CPU counts this
-  process and the worker processes (their startup included).
+- **dataloader** (``loader_rows.py``): what most PyTorch users run, ``DataLoader(TorchDataset(store),
+  num_workers=N)`` with persistent workers, epochs 1 and 2, next to ``num_workers=0`` (trainfeed's
+  threads), without and with a ``cache_dir``, on the warm local store and on each server;
+  CPU counts the training process and its worker processes.
 
 - **peer** (s3rver, when ``s3torchconnector`` is installed: ``pip install s3torchconnector``):
   AWS's connector for PyTorch over the same volumes as one object each (how an S3 user would
@@ -51,6 +51,7 @@ from pathlib import Path
 import trainfeed
 from trainfeed.benchmarks.emulators import azurite, s3rver
 from trainfeed.benchmarks.emulators.latency import LatencyRelay
+from trainfeed.benchmarks.micro import loader_rows
 from trainfeed.benchmarks.synth import generate_volumes
 from trainfeed.converters.formats.registry import FORMATS
 from trainfeed.converters.storage.fetch import PART_SIZE, flush_cache_writes
@@ -97,49 +98,6 @@ def epoch(url: str, options: dict, workers: int, **kwargs) -> int:
     return sum(len(b.ids) for b in store.batches(batch_size=32, shuffle=True, seed=1, workers=workers))
 
 
-class WorkerCPU:
-    """CPU-seconds of a DataLoader iterator's worker processes, read from /proc while they run
-    (after each batch: a worker's last reading stands once it has exited)."""
-
-    def __init__(self):
-        self._procs: dict = {}
-        self._cpu: dict[int, float] = {}
-
-    def read(self, batches) -> None:
-        import psutil
-
-        for worker in getattr(batches, "_workers", []):
-            try:
-                times = self._procs.setdefault(worker.pid, psutil.Process(worker.pid)).cpu_times()
-                self._cpu[worker.pid] = times.user + times.system
-            except psutil.Error:
-                pass
-
-    @property
-    def seconds(self) -> float:
-        return sum(self._cpu.values())
-
-
-def loader_epoch(url: str, options: dict, method: str, workers: int, **kwargs) -> tuple[int, float]:
-    """One epoch through a DataLoader with ``workers`` processes started by ``method``: (samples,
-    CPU-seconds of the worker processes, read from /proc while they run)."""
-    from torch.utils.data import DataLoader
-
-    store = trainfeed.open_store(url, storage_options=options, **kwargs)
-    dataset = trainfeed.TorchDataset(store, batch_size=32, seed=1)
-    if workers:
-        loader = DataLoader(dataset, batch_size=None, num_workers=workers, multiprocessing_context=method, timeout=600)
-    else:
-        loader = DataLoader(dataset, batch_size=None)
-    batches = iter(loader)
-    workers_cpu = WorkerCPU()
-    samples = 0
-    for _, y in batches:
-        samples += len(y)
-        workers_cpu.read(batches)
-    return samples, workers_cpu.seconds
-
-
 def _volume(reader) -> "object":
     """An s3torchconnector item (a readable object) as the tensor it holds."""
     import io
@@ -163,20 +121,13 @@ def peer_epoch(kind: str, prefix_url: str, options: dict, method: str, workers: 
                s3t.S3IterableDataset.from_prefix(prefix_url, enable_sharding=True, **common))
     loader = DataLoader(dataset, batch_size=32, num_workers=workers, multiprocessing_context=method, timeout=600,
                         shuffle=kind == "map")
-    batches = iter(loader)
-    workers_cpu = WorkerCPU()
+    workers_cpu = loader_rows.ProcessesCPU()
+    before = workers_cpu.children()
     samples = nbytes = 0
-    for x in batches:
+    for x in loader:
         samples, nbytes = samples + len(x), nbytes + x.numel() * x.element_size()
-        workers_cpu.read(batches)
-    return samples, nbytes, workers_cpu.seconds
-
-
-def loader_cells(args) -> list[tuple[str, int]]:
-    """(start method, workers) of each DataLoader cell; 0 workers (trainfeed's threads in the
-    training process) once, as method "none"."""
-    cells = [("none", 0)] if 0 in args.loader_workers else []
-    return cells + [(m, w) for m in args.methods for w in args.loader_workers if w]
+        workers_cpu.children()  # a worker that exits keeps its last reading
+    return samples, nbytes, workers_cpu.children() - before
 
 
 def relayed(options: dict, server_port: int, relay_port: int) -> dict:
@@ -204,6 +155,11 @@ def run(args) -> list[dict]:
             local[fmt] = work / "local" / STORE_NAMES[fmt]
             local[fmt].parent.mkdir(exist_ok=True)
             trainfeed.convert(str(src), str(local[fmt]), format=fmt, labels=str(src / "labels.csv"))
+        for rnd in range(args.rounds):  # the DataLoader on the warm local store
+            for fmt in args.loader_formats:
+                for rec in loader_rows.rows(str(local[fmt]), {}, args.count, work, tuple(args.methods),
+                                            tuple(args.loader_workers)):
+                    emit({**rec, "server": "local", "latency_ms": 0, "format": fmt, "round": rnd})
         servers = {}
         if "azurite" in args.servers:
             server = stack.enter_context(azurite.start())
@@ -279,19 +235,12 @@ def measure(args, name: str, scheme: str, options: dict, urls: dict, local: dict
                               round=rnd))
             flush_cache_writes()  # the writes still queued, before their folder goes
             shutil.rmtree(cache, ignore_errors=True)
-            if fmt not in args.loader_formats:
-                continue
-            for method, workers in loader_cells(args):
-                for cached in (False, True):
-                    cache = work / f"dl-cache-{name}-{latency}-{fmt}-{rnd}-{method}-{workers}"
-                    with Meter() as m:
-                        got, worker_cpu = loader_epoch(url, options, method, workers, io_concurrency=8,
-                                                       cache_dir=str(cache) if cached else None)
-                    assert got == args.count
-                    m.cpu += worker_cpu
-                    emit(m.record(nbytes, kind="dataloader", **server, format=fmt, method=method,
-                                  workers=workers, cache=cached, concurrency=8, round=rnd))
-                    shutil.rmtree(cache, ignore_errors=True)
+            if fmt in args.loader_formats:
+                for rec in loader_rows.rows(url, options, args.count, work, tuple(args.methods),
+                                            tuple(args.loader_workers)):
+                    emit({**rec, **server, "format": fmt, "round": rnd})
+                for rec in loader_rows.rank_rows(url, options):
+                    emit({**rec, **server, "format": fmt, "round": rnd})
         if scheme == "s3" and _has_lance():
             with Meter() as m:
                 got, lance_bytes = lance_epoch(options, args.shape)
@@ -299,7 +248,7 @@ def measure(args, name: str, scheme: str, options: dict, urls: dict, local: dict
             emit(m.record(lance_bytes, kind="lance", **server, format="lance", round=rnd))
         if scheme != "s3" or not _has_peer():
             continue  # the peer reads S3 only
-        workers = next((w for w in args.loader_workers if w), 2)  # the peer reads in worker processes
+        workers = loader_rows.OTHER_METHODS_WORKERS  # the peer reads in worker processes
         for method in args.methods:
             for kind in ("map", "iterable"):
                 with Meter() as m:
@@ -389,23 +338,18 @@ def summary(records: list[dict]) -> str:
                         med("cache_epoch2", "mb_per_s", **at))
         lines.append(f"{server:8} {lat:3} {fmt:7} | {med('local', 'mb_per_s', **at):10.0f} {none:9.0f} {c1:14.0f} "
                      f"{c1 / none:18.2f} {c2:14.0f}")
-    loader = sorted({(r["server"], r["latency_ms"], r["format"], r["method"], r["workers"]) for r in records
-                     if r["kind"] == "dataloader"})
-    if loader:
-        lines += ["", "DataLoader(TorchDataset): MB/s and CPU-s/GB (parent + workers), ratios to the floor at 8 in "
-                  "flight and to no cache", "server   +ms format  method     W | MB/s none  x floor  MB/s cache ep1  "
-                  "cache/none | CPU/GB none  x floor  CPU/GB cache", "-" * 112]
-        for server, lat, fmt, method, w in loader:
+    lines += loader_summary(records, med)
+    ranks = sorted({(r["server"], r["latency_ms"], r["format"]) for r in records if r["kind"] == "ranks"})
+    if ranks:
+        lines += ["", "Ranks on this machine, each reading its part of every global batch: aggregate MB/s and "
+                  "CPU-s/GB, 2 ranks over 1", "server   +ms format  | 1 rank ep1  ep2 | 2 ranks ep1  ep2 | x1 ep1  "
+                  "ep2", "-" * 112]
+        for server, lat, fmt in ranks:
             at = dict(server=server, latency_ms=lat, format=fmt)
-            f_mb, f_cpu = med("floor", "mb_per_s", **at, concurrency=8), med("floor", "cpu_s_per_gb", **at,
-                                                                             concurrency=8)
-            dl = dict(**at, method=method, workers=w)
-            n_mb, c_mb = med("dataloader", "mb_per_s", **dl, cache=False), med("dataloader", "mb_per_s", **dl,
-                                                                               cache=True)
-            n_cpu, c_cpu = med("dataloader", "cpu_s_per_gb", **dl, cache=False), \
-                med("dataloader", "cpu_s_per_gb", **dl, cache=True)
-            lines.append(f"{server:8} {lat:3} {fmt:7} {method:10} {w} | {n_mb:9.0f} {n_mb / f_mb:8.2f} {c_mb:15.0f} "
-                         f"{c_mb / n_mb:11.2f} | {n_cpu:11.2f} {n_cpu / f_cpu:8.2f} {c_cpu:12.2f}")
+            one = [med("ranks", "mb_per_s", **at, world=1, epoch=e) for e in (1, 2)]
+            two = [med("ranks", "mb_per_s", **at, world=2, epoch=e) for e in (1, 2)]
+            lines.append(f"{server:8} {lat:3} {fmt:7} | {one[0]:10.0f} {one[1]:4.0f} | {two[0]:11.0f} {two[1]:4.0f} "
+                         f"| {two[0] / one[0]:6.2f} {two[1] / one[1]:4.2f}")
     peers = sorted({(r["server"], r["latency_ms"], r["method"], r["workers"]) for r in records
                     if r["kind"].startswith("s3torch_")})
     if peers:
@@ -414,13 +358,13 @@ def summary(records: list[dict]) -> str:
                   "iterable  trainfeed", "-" * 112]
         for server, lat, method, w in peers:
             at = dict(server=server, latency_ms=lat, method=method, workers=w)
-            ours = dict(at, format="parquet", cache=False)
+            ours = dict(at, format="parquet", kind="workers", epoch=1)
             lines.append(f"{server:8} {lat:3} {method:10} {w} | {med('s3torch_map', 'mb_per_s', **at):8.0f} "
                          f"{med('s3torch_iterable', 'mb_per_s', **at):14.0f} "
-                         f"{med('dataloader', 'mb_per_s', **ours):15.0f}"
+                         f"{med('workers', 'mb_per_s', **ours):15.0f}"
                          f" | {med('s3torch_map', 'cpu_s_per_gb', **at):10.2f} "
                          f"{med('s3torch_iterable', 'cpu_s_per_gb', **at):9.2f} "
-                         f"{med('dataloader', 'cpu_s_per_gb', **ours):10.2f}")
+                         f"{med('workers', 'cpu_s_per_gb', **ours):10.2f}")
     lance_rows = sorted({(r["server"], r["latency_ms"]) for r in records if r["kind"] == "lance"})
     if lance_rows:
         lines += ["", "Lance (to_batches, in order) next to trainfeed's shuffled epoch (Parquet, 8 in flight)",
@@ -438,6 +382,35 @@ def summary(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def loader_summary(records: list[dict], med) -> list[str]:
+    """The DataLoader rows: each cell's MB/s and CPU-s/GB, and their ratios to num_workers=0 (the
+    same epoch, server and latency); with a cache, epoch 2's CPU-s/GB against store.batches'."""
+    cells = sorted({(r["server"], r["latency_ms"], r["format"], r["kind"], r["method"], r["workers"]) for r in records
+                    if r["kind"] in ("threads", "workers", "cache")})
+    if not cells:
+        return []
+    lines = ["", "DataLoader(TorchDataset, persistent workers): MB/s and CPU-s/GB (training process + workers), "
+             "epochs 1 and 2, ratios to num_workers=0", "server   +ms format  cell    method      W | MB/s ep1  ep2  "
+             "x0 ep1  x0 ep2 | CPU/GB ep1  ep2  x0 ep1  x0 ep2 | start s", "-" * 112]
+    for server, lat, fmt, kind, method, w in cells:
+        at = dict(server=server, latency_ms=lat, format=fmt)
+        cell = dict(at, method=method, workers=w)
+        base = "cache" if kind == "cache" else "threads"
+        mb = [med(kind, "mb_per_s", **cell, epoch=e) for e in (1, 2)]
+        cpu = [med(kind, "cpu_s_per_gb", **cell, epoch=e) for e in (1, 2)]
+        mb0 = [med(base, "mb_per_s", **at, workers=0, epoch=e) for e in (1, 2)]
+        cpu0 = [med(base, "cpu_s_per_gb", **at, workers=0, epoch=e) for e in (1, 2)]
+        start = med(kind, "start_s", **cell, epoch=1)
+        lines.append(f"{server:8} {lat:3} {fmt:7} {kind:7} {method:10} {w} | {mb[0]:8.0f} {mb[1]:4.0f} "
+                     f"{mb[0] / mb0[0]:6.2f} {mb[1] / mb0[1]:6.2f} | {cpu[0]:10.2f} {cpu[1]:4.2f} "
+                     f"{cpu[0] / cpu0[0]:6.2f} {cpu[1] / cpu0[1]:6.2f} | {start:7.2f}")
+        if kind == "cache":
+            ref = med("store_batches_cache", "cpu_s_per_gb", **at)
+            lines.append(f"{'':36}   epoch 2 from the cache: {cpu[1]:.2f} CPU-s/GB, store.batches' {ref:.2f} "
+                         f"({cpu[1] / ref:.2f}x)")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m trainfeed.benchmarks.micro.io_bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -450,9 +423,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=2, help="the reader's decode workers (default 2)")
     parser.add_argument("--latency-ms", default="0,20", help="latency added to every request, per pass (default 0,20)")
     parser.add_argument("--methods", default="fork,forkserver,spawn", help="DataLoader start methods")
-    parser.add_argument("--loader-workers", default="0,2,4",
-                        help="DataLoader worker processes (default 0,2,4; 0: trainfeed's threads in the training "
-                             "process)")
+    parser.add_argument("--loader-workers", default="1,2,4",
+                        help="DataLoader worker processes under fork (default 1,2,4), beside num_workers=0 "
+                             "(trainfeed's threads in the training process) and 2 under each other start method")
     parser.add_argument("--loader-formats", default="parquet", help="formats read through DataLoader (default parquet)")
     args = parser.parse_args(argv)
     args.shape = tuple(int(x) for x in args.shape.split("x"))
@@ -461,7 +434,7 @@ def main(argv: list[str] | None = None) -> None:
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.latency_ms = [int(v) for v in args.latency_ms.split(",")]
     args.methods = [m for m in args.methods.split(",") if m]
-    args.loader_workers = [int(w) for w in args.loader_workers.split(",")]
+    args.loader_workers = [int(w) for w in args.loader_workers.split(",") if w]
     args.loader_formats = [f for f in args.loader_formats.split(",") if f]
     records = run(args)
     print(summary(records), file=sys.stderr)

@@ -34,6 +34,7 @@ from trainfeed.converters.layout import DATASET_META, ID, LABEL, MANIFEST, Datas
 from trainfeed.converters.sources.decode import Sample
 from trainfeed.converters.storage.fetch import Blocks, Fetcher, RangeFile, open_fetcher
 from trainfeed.converters.storage.location import Location, as_location
+from trainfeed.converters.storage.pins import Pin, open_pinned, pin_files
 
 UNIT = "chunk slices"
 COMPRESSIONS = ("none", "lzf", "gzip")
@@ -77,6 +78,7 @@ class Opener:
 
     def __init__(self, fetcher: Fetcher | None = None, sizes: dict[str, int] | None = None):
         self.fetcher, self.sizes = fetcher, sizes or {}
+        self.pins: dict[str, Pin] = {}  # local files as the store's listing found them
         self._blocks: dict[str, Blocks] = {}  # per object, shared by its handles (one per reading thread)
 
     @classmethod
@@ -89,7 +91,7 @@ class Opener:
 
     def open(self, f: str) -> tuple[h5py.File, RangeFile | None]:
         if self.fetcher is None:
-            return h5py.File(f, "r"), None
+            return open_pinned(f, self.pins.get(f), lambda: h5py.File(f, "r")), None
         if f not in self.sizes:
             raise TrainfeedError(f"{f}: listed by the store but not found on the storage: the store is incomplete "
                                  "or was changed while being opened")
@@ -156,6 +158,8 @@ def list_pieces(path: Where, options: OpenOptions) -> Pieces:
     schema = read_schema(loc, opener)
     spec = pick_field(schema, options.field, loc.shown)
     files = data_files(loc)
+    if loc.local:
+        opener.pins = pin_files(files)
     pieces, rows = [], []
     spans: dict[tuple[str, int, int], tuple[int, int]] = {}  # on object storage: a piece's tensor bytes
     for f in files:

@@ -13,6 +13,7 @@ from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.formats.foreign import ForeignSchema
 from trainfeed.converters.layout import DatasetSchema, FieldSpec
 from trainfeed.converters.storage.fetch import DEFAULT_IO_CONCURRENCY, Fetcher
+from trainfeed.converters.storage.pins import Pin
 
 OptionsT = TypeVar("OptionsT")
 
@@ -112,6 +113,8 @@ class Pieces:
     #: On object storage, for a format that ``fetches_ahead``: where a reader requests the bytes
     #: of the pieces it will decode next (``Format.piece_span``).
     fetcher: Fetcher | None = None
+    #: On local disk: each data file as it was when the store was opened (a reader opens only that).
+    pins: dict[str, Pin] = field(default_factory=dict)
 
 
 @dataclass

@@ -6,6 +6,7 @@ readers validate it, and ``convert --overwrite`` replaces only folders that carr
 ``PARQUET`` is the registry's parquet format."""
 from __future__ import annotations
 
+import functools
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -45,6 +46,7 @@ from trainfeed.converters.sources.decode import Sample
 from trainfeed.converters.storage.fetch import Fetcher, RangeFile, open_fetcher
 from trainfeed.converters.storage.location import Location, as_location
 from trainfeed.converters.storage.native import Identity
+from trainfeed.converters.storage.pins import open_pinned, pin_files
 
 FORMAT = "parquet"
 UNIT = "row groups"
@@ -227,13 +229,13 @@ def file_pieces(loc: Location, schema: DatasetSchema, spec: FieldSpec, files: li
 
 
 def row_group_pieces(schema: DatasetSchema, spec: FieldSpec, files: list[str]) -> Pieces:
-    pieces, rows = [], []
+    pieces, rows, pinned = [], [], pin_files(files)
     for f in files:
-        meta = pq.ParquetFile(f).metadata
+        meta = open_pinned(f, pinned[f], functools.partial(pq.ParquetFile, f)).metadata
         for rg in range(meta.num_row_groups):
             pieces.append((f, rg))
             rows.append(meta.row_group(rg).num_rows)
-    return Pieces(schema, spec, pieces, rows, files)
+    return Pieces(schema, spec, pieces, rows, files, pins=pinned)
 
 
 @dataclass
@@ -291,7 +293,7 @@ def _parquet_file(listing: Pieces, f: str, handles: dict[Any, Any], columns: lis
     ``handles``; on object storage the row group's bytes are fetched first, in one go."""
     remote: RemoteParts | None = listing.extra.get("remote")
     if remote is None:
-        return handles.get(f) or handles.setdefault(f, pq.ParquetFile(f))
+        return handles.get(f) or handles.setdefault(f, open_pinned(f, listing.pins.get(f), lambda: pq.ParquetFile(f)))
     span = row_group_span(remote.footers[f], rg, columns) if rg is not None and columns else None
     return remote.open(f, span)
 

@@ -12,11 +12,14 @@ touches a file it did not write.
   marked with ``.trainfeed-cache``); one holding any name the cache would not give is refused
   (``ForeignCacheFolder``) before anything is read. Eviction and sweeping delete only files named
   as the cache names them, and a range file only if its footer is the cache's.
-- **Shared by processes**: a range is written to a temporary name (``.<name>.<pid>.<n>.tmp``) and
+- **Shared by processes**: a range is written to a temporary name (``.<name>.<pid>.<n>.<size>.tmp``) and
   renamed into place (readers see all of it or nothing); the bytes in use, temporary files
   included, are counted in ``.usage`` under an exclusive lock on ``.lock``, and whoever pushes
   the total past ``limit`` evicts the least recently used files (a hit touches its file's
-  modification time) until it is under the limit again. Temporary files of writers that are
+  modification time) until it is under the limit again. A temporary file is created in the
+  same locked step that reserves its size, renamed under the lock too, and a rescan counts it
+  at that size (its name says), not the part written so far: a rescan never drops a
+  reservation being written. Temporary files of writers that are
   gone are swept when a cache opens. A file a reader has mapped stays readable after eviction.
 - **Never in the way**: a folder that cannot be written (read-only, full) makes the cache a
   pass-through with one warning; a read never fails because of the cache.
@@ -46,7 +49,7 @@ _MARKER_TEXT = "A trainfeed range cache (--cache-dir). trainfeed deletes only th
 #: What the cache itself may create: its marker, lock and usage files, and range files.
 _OWN_TOP = re.compile(r"(\.trainfeed-cache|\.lock|\.usage|\.usage\.\d+\.tmp|[0-9a-f]{2})")
 _RANGE = re.compile(r"[0-9a-f]{64}\.bin")
-_TEMP = re.compile(r"\.([0-9a-f]{64}\.bin)\.(\d+)\.\d+\.tmp")
+_TEMP = re.compile(r"\.([0-9a-f]{64}\.bin)\.(\d+)\.\d+(?:\.(\d+))?\.tmp")
 
 #: Eviction goes this far under the limit, so that the next puts do not each evict again.
 _LOW_WATER = 0.9
@@ -57,6 +60,13 @@ def _writer_pid(temporary_name: str) -> int:
     match = _TEMP.fullmatch(temporary_name)
     assert match is not None, temporary_name
     return int(match.group(2))
+
+
+def _counted(file: Path, st: os.stat_result, temporary: bool) -> int:
+    """Bytes a file counts for: a temporary file its whole reserved size (its name says), so
+    that a rescan while it is written does not drop the reservation."""
+    match = _TEMP.fullmatch(file.name) if temporary else None
+    return max(st.st_size, int(match.group(3))) if match and match.group(3) else st.st_size
 
 
 class ForeignCacheFolder(UsageError):
@@ -175,17 +185,20 @@ class DiskCache:
         if size + _FOOTER.size > self.limit:
             return
         file = self._file(key)
-        tmp = file.with_name(f".{file.name}.{os.getpid()}.{next(self._names)}.tmp")
+        tmp = file.with_name(f".{file.name}.{os.getpid()}.{next(self._names)}.{size + _FOOTER.size}.tmp")
         crc = 0
         try:
             file.parent.mkdir(exist_ok=True)
-            self._account(size + _FOOTER.size)  # counted while it is written: temporary files too
-            with open(tmp, "wb") as f:
+            with self._locked():  # reserved and created together: a rescan from now on counts it
+                self._account(size + _FOOTER.size)
+                out = open(tmp, "wb")
+            with out as f:
                 for part in parts:
                     f.write(part)
                     crc = zlib.crc32(part, crc)
                 f.write(_FOOTER.pack(_MAGIC, crc, size, self._digest(key)[:16]))
-            os.replace(tmp, file)  # readers see a whole range or none
+            with self._locked():  # a rescan lists the folder under the lock: it sees one name or the other
+                os.replace(tmp, file)  # readers see a whole range or none
         except OSError as exc:
             with suppress(OSError):
                 tmp.unlink()
@@ -202,17 +215,18 @@ class DiskCache:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _account(self, added: int) -> None:
+        """Count ``added`` bytes in, evicting first if they would pass the limit (the caller
+        holds the lock)."""
         usage = self.folder / ".usage"
-        with self._locked():
-            try:
-                total = int(usage.read_text() or 0) + added
-            except (OSError, ValueError):
-                total = self._scan_and_evict(self.limit - added) + added
-            if total > self.limit:
-                total = self._scan_and_evict(int(self.limit * _LOW_WATER) - added) + added
-            tmp = usage.with_name(f".usage.{os.getpid()}.tmp")
-            tmp.write_text(str(total))
-            os.replace(tmp, usage)
+        try:
+            total = int(usage.read_text() or 0) + added
+        except (OSError, ValueError):
+            total = self._scan_and_evict(self.limit - added) + added
+        if total > self.limit:
+            total = self._scan_and_evict(int(self.limit * _LOW_WATER) - added) + added
+        tmp = usage.with_name(f".usage.{os.getpid()}.tmp")
+        tmp.write_text(str(total))
+        os.replace(tmp, usage)
 
     def _owned(self) -> Iterable[tuple[Path, os.stat_result, bool]]:
         """Every file the cache wrote: (path, stat, whether it is a temporary file). A range file
@@ -240,7 +254,7 @@ class DiskCache:
                 continue
             if not temporary:
                 ranges.append((st.st_mtime, st.st_size, file))
-            total += st.st_size
+            total += _counted(file, st, temporary)
         ranges.sort()
         for _, size, file in ranges:
             if total <= target:
@@ -253,7 +267,7 @@ class DiskCache:
     @property
     def bytes(self) -> int:
         """Bytes held now, temporary files included (a scan of the folder)."""
-        return sum(st.st_size for _, st, _ in self._owned())
+        return sum(_counted(file, st, temporary) for file, st, temporary in self._owned())
 
 
 def _has_footer(file: Path, size: int) -> bool:

@@ -277,6 +277,8 @@ class Fetcher:
         self._own()
         with self._ahead_lock:
             pending = self._ahead.pop((path, start, end), None)
+        if isinstance(pending, list) and any(f.done() and f.exception() is not None for f in pending):
+            pending = None  # fetched ahead during an outage: ask again (the storage may answer now)
         if pending is None:
             pending = self._request(path, start, end)
         if isinstance(pending, Span):

@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import run_cli, write_volumes
 from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.storage.pins import pin_files
 from trainfeed.training.reading.readers import EpochOptions, iter_batches, open_store
 
 SHAPE = (4, 4, 2, 1)
@@ -230,7 +231,7 @@ def test_other_data_at_the_same_path_is_refused(tmp_path, fmt, name):
     volume_store(tmp_path, name, fmt, seed=2)  # same ids, count, shape and dtype; other values and labels
     res = train_cli("--data", store, "--checkpoint-dir", ckpt, "--resume", "--epochs", "2", "--out", tmp_path / "o2",
                     *TINY)
-    assert_clean_error(res, 1, "checkpoint was written for other data or another model")
+    assert_clean_error(res, 1, "checkpoint cannot be resumed by this run: written for other data")
 
 
 @pytest.mark.parametrize("fmt,name", [("hdf5", "st.h5"), ("hdf5", "shards"), ("parquet", "st.parquet"),
@@ -419,6 +420,10 @@ def test_hdf5_file_shrinking_after_open_stops_the_epoch(tmp_path):
     opened = open_store(str(store))
     with h5py.File(store, "a") as h5:
         h5["label"].resize(N - 4, axis=0)
+    with pytest.raises(TrainfeedError, match="the store changed while it was being read .*; reopen it"):
+        list(iter_batches(opened, EpochOptions(batch_size=4, workers=1, drop_last=True)))
+    opener = opened.extra["listing"].extra["opener"]
+    opener.pins = pin_files(list(opener.pins))  # a change the pins cannot see: the counts still stop it
     with pytest.raises(TrainfeedError, match=f"{store}: read {N} ids, {N - 4} labels and {N} samples where {N} "
                                              "were listed"):
         list(iter_batches(opened, EpochOptions(batch_size=4, workers=1, drop_last=True)))

@@ -10,7 +10,7 @@ import numpy as np
 from trainfeed.converters.errors import TrainfeedError
 from trainfeed.training.config import TrainConfig
 from trainfeed.training.loops.plan import Plan, as_model_input
-from trainfeed.training.loops.resume import CHECKPOINT_FORMAT, Position
+from trainfeed.training.loops.resume import CHECKPOINT_FORMAT, Position, check_signature
 from trainfeed.training.reading.readers import Batch, EpochOptions, Store, iter_batches
 from trainfeed.training.tensorflow_env import import_tensorflow
 
@@ -169,9 +169,7 @@ def _check_checkpoint(prefix: str, signature: str) -> None:
                              f"{type(exc).__name__}: {_first_line(exc)}") from None
     if stored.get("format") != CHECKPOINT_FORMAT.encode():
         raise TrainfeedError(f"{prefix}: not a trainfeed checkpoint (no {CHECKPOINT_FORMAT!r} marker)")
-    if stored.get("signature") != signature.encode():
-        raise TrainfeedError(f"{prefix}: checkpoint was written for other data or another model; "
-                             "use a fresh --checkpoint-dir")
+    check_signature(prefix, bytes(stored.get("signature", b"")).decode(errors="replace"), signature)
 
 
 def _restore(ckpt, prefix: str) -> None:

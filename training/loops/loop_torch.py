@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from trainfeed.converters.errors import TrainfeedError
 from trainfeed.training.config import TrainConfig, distributed_env
 from trainfeed.training.loops.plan import Plan, as_model_input
-from trainfeed.training.loops.resume import CHECKPOINT_FORMAT, Position
+from trainfeed.training.loops.resume import CHECKPOINT_FORMAT, Position, check_signature
 from trainfeed.training.models.resnet_torch import build, parameter_count
 from trainfeed.training.reading.readers import Batch
 
@@ -80,6 +80,16 @@ def _restore(path: Path, state: dict, model, optimizer, scaler) -> None:
         scaler.load_state_dict(state["scaler"])
     except (RuntimeError, KeyError, ValueError, TypeError) as exc:
         raise TrainfeedError(f"{path}: checkpoint does not fit this model: {str(exc).splitlines()[0]}") from None
+
+
+#: What a failed collective's error says (gloo, NCCL): a peer is gone.
+_PEER_GONE = ("gloo", "NCCL", "Connection reset by peer", "Connection closed by peer", "Broken pipe")
+
+
+def collective_failed(exc: RuntimeError) -> bool:
+    """Whether ``exc`` is a collective failing because another rank stopped."""
+    dist_error = getattr(torch.distributed, "DistError", ())
+    return isinstance(exc, dist_error) or any(marker in str(exc) for marker in _PEER_GONE)
 
 
 def _sync(device: torch.device) -> None:
@@ -145,6 +155,18 @@ class Torch:
         return (x.pin_memory(), y.pin_memory()) if self.cfg.device == "cuda" else (x, y)
 
     def step(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> tuple[float, int]:
+        try:
+            return self._step(inputs)
+        except RuntimeError as exc:
+            if self.p.world > 1 and collective_failed(exc):
+                raise TrainfeedError(
+                    f"rank {self.p.rank} of {self.p.world}: a collective with the other ranks failed, another rank of "
+                    f"this run stopped ({str(exc).splitlines()[0][:200]}); restart from the last checkpoint with "
+                    f"--resume, on this or another number of processes, keeping --global-batch-size "
+                    f"{self.p.epoch.global_batch}") from exc
+            raise
+
+    def _step(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> tuple[float, int]:
         x, y = (t.to(self.device, non_blocking=True) for t in inputs)
         self.optimizer.zero_grad(set_to_none=True)
         with _amp_context(self.cfg, self.device):
@@ -167,9 +189,7 @@ class Torch:
         if not self.checkpoint.exists():
             return None
         state = _load(self.checkpoint, self.device)
-        if state["signature"] != signature:
-            raise TrainfeedError(f"{self.checkpoint}: checkpoint was written for other data or another model; "
-                                 "use a fresh --checkpoint-dir")
+        check_signature(self.checkpoint, state["signature"], signature)
         _restore(self.checkpoint, state, self.net, self.optimizer, self.scaler)
         return Position(state["epoch"], state["step_in_epoch"], state["global_step"])
 

@@ -9,7 +9,7 @@ import numpy as np
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.layout import FieldSpec
 from trainfeed.training.config import TrainConfig, distributed_env
-from trainfeed.training.reading.readers import check_sharding, label_bounds, open_store
+from trainfeed.training.reading.readers import batches_per_rank, label_bounds, open_store
 from trainfeed.training.reading.store import Batch, EpochOptions, Store
 
 
@@ -27,10 +27,13 @@ class Plan:
 
 
 def train_epoch(cfg: TrainConfig, rank: int = 0, world: int = 1) -> EpochOptions:
-    """This rank's training epochs. The loop's own choice, not a default: it drops a last,
-    smaller batch, since it runs ``check_sharding``'s full batches only (rows // batch_size,
-    the same number on every rank) and a short batch would be read for nothing (or, from the
-    tf.data service, delivered before the epoch's end)."""
+    """This rank's training epochs. The loop's own choice, not a default: it drops the short
+    tail, so that every step is a full global batch (the same number on every rank); a short
+    batch would be read for nothing (or, from the tf.data service, delivered before the
+    epoch's end)."""
+    if cfg.global_batch_size is not None and cfg.global_batch_size % world:
+        raise UsageError(f"{cfg.option('global_batch_size')}{cfg.global_batch_size} cannot be shared evenly by "
+                         f"{world} ranks: use a multiple of {world}")
     return replace(cfg.epoch_options(rank, world), drop_last=True)
 
 
@@ -54,7 +57,7 @@ def plan(cfg: TrainConfig) -> Plan:
         check_store(store)
         check_reachable(cfg.data_service)
     input_shape = model_input_shape(store, cfg)
-    full = check_sharding(store, world, cfg.batch_size)
+    full = batches_per_rank(store, opts)
     steps = min(full, cfg.steps_per_epoch) if cfg.steps_per_epoch else full
     if cfg.warmup_steps > cfg.epochs * steps:
         raise UsageError(f"--warmup-steps {cfg.warmup_steps} is more than the {cfg.epochs * steps} steps of this run "

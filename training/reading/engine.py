@@ -1,16 +1,18 @@
-"""The read engine, the same for every format: pieces -> this shard's pieces -> seeded epoch
-plan -> read-ahead in worker threads -> batches.
+"""The read engine, the same for every format: one epoch's order (``order.py``) -> the windows
+this rank reads -> read-ahead in worker threads -> batches.
 
-The plan is computed from the pieces' row counts alone, before anything is read: the shard's
-pieces in a seeded order, grouped into shuffle windows of at least ``shuffle_buffer`` rows,
-and a seeded permutation of each window's rows. The epoch is that sequence of rows cut into
-batches, so batch k's rows are known without reading what comes before it: a resume starts
-reading at batch k's window (``start_batch``).
+A rank reads the lanes its part of each global batch comes from (``EpochOrder.parts``). Their
+windows are scheduled by the first batch that needs each; a piece that windows need at the
+same time, or one right after the other, is read once (``schedule``).
+Reads run ahead in ``workers`` threads, in schedule order; a window is dropped once its last
+row is delivered. Because batch k's rows are known without reading, a resume starts with the
+windows that hold batch k and reads nothing before them.
 
 Batches are gathered, not stacked: a piece is read into arrays once (for Parquet, a view of
-Arrow's buffer), and ``np.take`` copies each sample once, straight into a preallocated batch.
-Within a batch, rows are grouped by piece (one ``take`` per piece); which rows form a batch is
-what the window permutation decides.
+Arrow's buffer), and ``np.take`` copies each sample once, straight into the batch's array
+(recycled memory, or memory the caller hands in with ``into``). Within a lane's share of a
+batch, rows are grouped by the unit they come from (one ``take`` each); which rows form the
+batch is what the order decides.
 """
 from __future__ import annotations
 
@@ -18,69 +20,14 @@ import os
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator
 
 import numpy as np
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.formats.options import Columns
 from trainfeed.converters.sources.samples import ordered_map
-
-
-@dataclass(frozen=True)
-class EpochPlan:
-    """One epoch of one shard: ``order`` (piece indices in reading order), shuffle windows
-    (``window_ends[w]``: the position in ``order`` after window w's last piece; ``window_rows``:
-    rows before each window, length windows + 1) and the batch cut."""
-
-    order: np.ndarray
-    window_ends: np.ndarray
-    window_rows: np.ndarray
-    batch_size: int
-    drop_last: bool
-    shuffle: bool
-    seed: tuple
-
-    @property
-    def rows(self) -> int:
-        return int(self.window_rows[-1])
-
-    @property
-    def batches(self) -> int:
-        full, rest = divmod(self.rows, self.batch_size)
-        return full + (1 if rest and not self.drop_last else 0)
-
-    def window_start(self, w: int) -> int:
-        """Position in ``order`` of window w's first piece."""
-        return 0 if w == 0 else int(self.window_ends[w - 1])
-
-    def window_of_row(self, row: int) -> int:
-        return int(np.searchsorted(self.window_rows, row, side="right")) - 1
-
-    def permutation(self, w: int) -> np.ndarray:
-        """Window w's rows in epoch order (indices into the window's concatenated rows)."""
-        n = int(self.window_rows[w + 1] - self.window_rows[w])
-        return np.random.default_rng((*self.seed, w)).permutation(n) if self.shuffle else np.arange(n)
-
-
-def plan_epoch(piece_rows: Sequence[int], shard_pieces: Sequence[int], *, batch_size: int, shuffle: bool,
-               seed: int, epoch: int, shuffle_buffer: int, drop_last: bool) -> EpochPlan:
-    if batch_size < 1:
-        raise UsageError(f"batch size must be at least 1, not {batch_size}")
-    order = np.array(shard_pieces, dtype=np.int64)
-    if shuffle:
-        np.random.default_rng((seed, epoch)).shuffle(order)
-    # Without shuffling a window is one piece (order is unchanged; memory stays one piece).
-    limit = max(batch_size, shuffle_buffer) if shuffle else 1
-    ends, rows_before, held = [], [0], 0
-    for pos, i in enumerate(order):
-        held += int(piece_rows[i])
-        if held >= limit or pos == len(order) - 1:
-            ends.append(pos + 1)
-            rows_before.append(rows_before[-1] + held)
-            held = 0
-    return EpochPlan(order, np.array(ends, np.int64), np.array(rows_before, np.int64), batch_size, drop_last,
-                     shuffle, (seed, epoch, 1))
+from trainfeed.training.reading.order import EpochOrder, Part, Window
 
 
 class Recycler:
@@ -125,102 +72,158 @@ class Recycler:
 RECYCLER = Recycler()
 
 
-class _Window:
-    """A loaded window: its pieces' columns, and where each of its rows comes from."""
+@dataclass
+class _Scheduled:
+    """A window this rank reads: its lane, index, the batches that need it, and the read (an
+    index into the schedule's piece reads) each of its units takes its rows from."""
 
-    def __init__(self, columns: list[Columns], rows: list[int], perm: np.ndarray):
-        self.columns = columns
-        self.ids = [np.array(c.ids, dtype=object) for c in columns]
-        starts = np.cumsum([0, *rows])
-        self.piece = np.searchsorted(starts, perm, side="right") - 1  # local piece of each row, epoch order
-        self.row = perm - starts[self.piece]
+    lane: int
+    index: int
+    window: Window
+    first: int
+    last: int
+    reads: list[int]
 
 
-def gather(windows: list[tuple[_Window, int, int]], n: int, empty=np.empty) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Rows [lo, hi) of each (window, lo, hi), gathered into one new batch of ``n`` rows."""
-    first = windows[0][0].columns[0].x
+def schedule(order: EpochOrder, parts: list[Part], start_batch: int) -> tuple[list[_Scheduled], list[int]]:
+    """The windows rank ``parts`` needs from batch ``start_batch`` on, in the order they are
+    first needed (batch, lane, window), and the pieces to read for them, in that order. A piece
+    that a window used until this window's batch or the one before is not read again: its
+    columns are kept until this window takes them (a piece split between two lanes, the end
+    of the epoch's order that the short last batch takes)."""
+    b, found = order.per_lane, []
+    for part in parts:
+        lane = order.all_lanes[part.lane]
+        for w, window in enumerate(lane.windows):
+            lo, hi = int(lane.starts[w]), int(lane.starts[w + 1])
+            first = max(start_batch, (lo - part.hi) // b + 1)
+            last = min(order.batches - 1, (hi - part.lo - 1) // b)
+            if first <= last:
+                found.append(_Scheduled(part.lane, w, window, first, last, []))
+    found.sort(key=lambda s: (s.first, s.lane, s.index))
+    pieces: list[int] = []
+    latest: dict[int, tuple[int, int]] = {}  # piece -> (its latest read, the last batch a window used it)
+    for s in found:
+        for unit in s.window.units:
+            read, until = latest.get(unit.piece, (-1, -2))
+            if until < s.first - 1:  # not read for a window of this batch or the one before: read it
+                read = len(pieces)
+                pieces.append(unit.piece)
+            latest[unit.piece] = (read, max(until, s.last))
+            s.reads.append(read)
+    return found, pieces
+
+
+def gather(order: EpochOrder, parts: list[Part], k: int, rank: int, world: int,
+           loaded: dict[tuple[int, int], list[Columns]], empty=np.empty
+           ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Batch ``k`` of this rank from its loaded windows ((lane, window) -> each unit's columns):
+    part by part, window by window, rows grouped by unit."""
+    takes: list[tuple[Columns, np.ndarray]] = []
+    for part in parts:
+        lane = order.all_lanes[part.lane]
+        rows = order.rows_of(k, part, rank, world)
+        if not len(rows):
+            continue
+        for w in range(lane.window_of(int(rows[0])), lane.window_of(int(rows[-1])) + 1):
+            mine = rows[(rows >= lane.starts[w]) & (rows < lane.starts[w + 1])]
+            unit, piece_rows = lane.windows[w].locate(mine - lane.starts[w])
+            by_unit = np.argsort(unit, kind="stable")
+            unit, piece_rows = unit[by_unit], piece_rows[by_unit]
+            cuts = np.flatnonzero(np.diff(unit)) + 1
+            columns = loaded[(part.lane, w)]
+            for u, picked in zip(unit[np.r_[0, cuts]], np.split(piece_rows, cuts)):
+                takes.append((columns[int(u)], picked))
+    n = sum(len(picked) for _, picked in takes)
+    first = takes[0][0].x
     x = empty((n, *first.shape[1:]), first.dtype)
     y = np.empty(n, dtype=np.int64)
     ids: list[str] = []
     at = 0
-    for win, lo, hi in windows:
-        piece, row = win.piece[lo:hi], win.row[lo:hi]
-        by_piece = np.argsort(piece, kind="stable")
-        piece, row = piece[by_piece], row[by_piece]
-        cuts = np.flatnonzero(np.diff(piece)) + 1
-        for rows_p, p in zip(np.split(row, cuts), piece[np.r_[0, cuts]]):
-            cols, end = win.columns[p], at + len(rows_p)
-            np.take(cols.x, rows_p, axis=0, out=x[at:end], mode="clip")  # clip: no buffered copy; rows are valid
-            np.take(cols.labels, rows_p, out=y[at:end], mode="clip")
-            ids += win.ids[p][rows_p].tolist()
-            at = end
+    for cols, picked in takes:
+        end = at + len(picked)
+        np.take(cols.x, picked, axis=0, out=x[at:end], mode="clip")  # clip: no buffered copy; rows are valid
+        np.take(cols.labels, picked, out=y[at:end], mode="clip")
+        ids += [cols.ids[int(i)] for i in picked]
+        at = end
     return x, y, ids
 
 
-def run_epoch(plan: EpochPlan, piece_rows: Sequence[int], read: Callable[[int, dict, Callable], Columns],
+def run_epoch(order: EpochOrder, rank: int, world: int, read: Callable[[int, dict, Callable], Columns],
               describe: Callable[[int], str], *, workers: int, start_batch: int = 0,
-              upcoming: Callable[[int], None] | None = None, ahead: int = 0
+              upcoming: Callable[[int], None] | None = None, ahead: int = 0,
+              empty: Callable[..., np.ndarray] | None = None
               ) -> Iterator[tuple[np.ndarray, np.ndarray, list[str]]]:
-    """Batches ``start_batch``.. of ``plan`` as (x, y, ids). ``read(piece_index, handles, empty)``
-    reads one piece (``handles``: a dict the reading thread keeps its open files in; ``empty``:
-    where to allocate arrays it fills itself); ``describe(piece_index)`` names its file in errors.
-    Reads start at the window holding batch ``start_batch``'s first row. ``upcoming(piece_index)``
-    is told of each piece ``ahead`` pieces before it is read (a remote reader starts fetching it)."""
-    if start_batch < 0:
-        raise UsageError(f"start_batch must be 0 or more, not {start_batch}")
-    if start_batch >= plan.batches:
+    """Rank ``rank`` of ``world``'s batches ``start_batch``.. of ``order`` as (x, y, ids).
+    ``read(piece_index, handles, empty)`` reads one piece (``handles``: a dict the reading thread
+    keeps its open files in; ``empty``: where to allocate arrays it fills itself);
+    ``describe(piece_index)`` names its file in errors. ``upcoming(piece_index)`` is told of each
+    piece ``ahead`` reads before it is read (a remote reader starts fetching it). ``empty``: where
+    each batch's x is allocated (default: recycled memory)."""
+    if not isinstance(start_batch, int) or isinstance(start_batch, bool) or start_batch < 0:
+        raise UsageError(f"start_batch must be an integer, 0 or more, not {start_batch!r}")
+    if start_batch >= order.batches:
         return
+    parts = order.parts(rank, world)
+    windows, pieces = schedule(order, parts, start_batch)
     local = threading.local()
     recycler = RECYCLER
-
-    told = [0]  # how many pieces of ``todo`` ``upcoming`` was told of
+    told = [0]  # how many of ``pieces`` ``upcoming`` was told of
     told_lock = threading.Lock()
 
     def tell(upto: int) -> None:
         assert upcoming is not None  # only called when there is someone to tell
         with told_lock:  # told before any thread reads them: no piece is requested twice
-            first, told[0] = told[0], max(told[0], min(len(todo), upto))
+            first, told[0] = told[0], max(told[0], min(len(pieces), upto))
             for pos in range(first, told[0]):
-                upcoming(int(todo[pos]))
+                upcoming(pieces[pos])
 
     def read_checked(pos: int) -> Columns:
-        i = int(todo[pos])
+        i = pieces[pos]
         if upcoming is not None:
             tell(pos + 1 + ahead)
         cols = read(i, local.__dict__.setdefault("handles", {}), recycler.empty)
-        listed = piece_rows[i]
+        listed = order.piece_rows[i]
         if not len(cols.ids) == len(cols.labels) == len(cols.x) == listed:
-            raise TrainfeedError(f"{describe(int(i))}: read {len(cols.ids)} ids, {len(cols.labels)} labels and "
+            raise TrainfeedError(f"{describe(i)}: read {len(cols.ids)} ids, {len(cols.labels)} labels and "
                                  f"{len(cols.x)} samples where {listed} were listed: the file is damaged or changed "
                                  "while training")
         return cols
 
-    first_window = plan.window_of_row(start_batch * plan.batch_size)
-    last_window = plan.window_of_row(min(plan.rows, plan.batches * plan.batch_size) - 1)  # drop_last: tail unread
-    todo = plan.order[plan.window_start(first_window):plan.window_ends[last_window]]
-    results = iter(ordered_map(read_checked, range(len(todo)), max(1, workers), window_per_worker=2))
-    loaded: dict[int, _Window] = {}
+    results = iter(ordered_map(read_checked, range(len(pieces)), max(1, workers), window_per_worker=2))
+    got: dict[int, Columns] = {}  # reads taken from ``results`` that a window still waits for
+    waiting = [0] * len(pieces)
+    for s in windows:
+        for r in s.reads:
+            waiting[r] += 1
+    taken = [0]
 
-    def load(w: int) -> _Window:
-        columns = []
-        for i in plan.order[plan.window_start(w):plan.window_ends[w]]:
+    def take(r: int) -> Columns:
+        while taken[0] <= r:
             result = next(results)
             if isinstance(result, TrainfeedError):
                 raise result
             if isinstance(result, Exception):
-                raise TrainfeedError(f"{describe(int(i))}: cannot read: {result}") from result
-            columns.append(result)
-        rows = [piece_rows[i] for i in plan.order[plan.window_start(w):plan.window_ends[w]]]
-        return _Window(columns, rows, plan.permutation(w))
+                raise TrainfeedError(f"{describe(pieces[taken[0]])}: cannot read: {result}") from result
+            got[taken[0]] = result
+            taken[0] += 1
+        cols = got[r]
+        waiting[r] -= 1
+        if not waiting[r]:
+            del got[r]
+        return cols
 
-    for k in range(start_batch, plan.batches):
-        lo, hi = k * plan.batch_size, min(plan.rows, (k + 1) * plan.batch_size)
-        parts = []
-        for w in range(plan.window_of_row(lo), plan.window_of_row(hi - 1) + 1):
-            if w not in loaded:
-                loaded[w] = load(w)
-            base = int(plan.window_rows[w])
-            parts.append((loaded[w], max(lo, base) - base, min(hi, int(plan.window_rows[w + 1])) - base))
-        for w in [w for w in loaded if plan.window_rows[w + 1] <= hi]:
-            del loaded[w]  # fully delivered once this batch is built (``parts`` holds it until then)
-        yield gather(parts, hi - lo, recycler.empty)
+    loaded: dict[tuple[int, int], list[Columns]] = {}
+    ending: dict[int, list[tuple[int, int]]] = {}  # batch -> the windows it delivers the last rows of
+    for s in windows:
+        ending.setdefault(s.last, []).append((s.lane, s.index))
+    pending = iter(windows)
+    next_window = next(pending, None)
+    for k in range(start_batch, order.batches):
+        while next_window is not None and next_window.first == k:  # in schedule order
+            loaded[(next_window.lane, next_window.index)] = [take(r) for r in next_window.reads]
+            next_window = next(pending, None)
+        batch = gather(order, parts, k, rank, world, loaded, empty or recycler.empty)
+        for key in ending.pop(k, []):
+            loaded.pop(key, None)  # fully delivered
+        yield batch

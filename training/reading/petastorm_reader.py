@@ -113,16 +113,17 @@ def _merge_in_threads(sources: Sequence[Callable[[], Iterator]], depth: int = 4)
 
 
 def rows(store: Store, opts: EpochOptions, epoch: int) -> Iterator[tuple[list, np.ndarray, np.ndarray]]:
-    """Petastorm ``make_batch_reader`` rows of this rank's shard.
+    """Petastorm ``make_batch_reader`` rows of this rank's shard (row groups ``i % world_size == rank``:
+    Petastorm decides the order, so its pools have no global order across ranks).
 
     pool "sharded": W single-threaded Petastorm readers, each on a disjoint sub-shard of the
     row groups (Petastorm's own cur_shard/shard_count), drained by W threads. Parquet reads
     release the GIL, so this scales like a thread pool without the thread pool's race."""
     spec = store.spec
-    expected = store.shard_rows(opts.shard, opts.num_shards)
+    expected = store.shard_rows(opts.rank, opts.world_size)
     make_batch_reader()  # fails clearly before any thread starts when Petastorm is missing
     if opts.pool == "sharded":
-        s, n = opts.shard, opts.num_shards
+        s, n = opts.rank, opts.world_size
         w = max(1, min(opts.workers, len(store.pieces) // n))
         # row group i is read by sub-shard i % (n*w); the union over this rank's w sub-shards
         # is exactly {i : i % n == s}, the rank's shard.
@@ -132,8 +133,8 @@ def rows(store: Store, opts: EpochOptions, epoch: int) -> Iterator[tuple[list, n
     else:
         if opts.pool == "process":  # its worker processes inherit the environment, not our warning filters
             os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
-        source = _drain(_reader(store, opts, epoch, opts.pool, max(1, opts.workers), opts.shard,
-                                opts.num_shards), spec)
+        source = _drain(_reader(store, opts, epoch, opts.pool, max(1, opts.workers), opts.rank,
+                                opts.world_size), spec)
     delivered = 0
     for item in source:
         if not len(item[0]) == len(item[1]) == len(item[2]):
@@ -154,7 +155,8 @@ def batches(store: Store, opts: EpochOptions, epoch: int) -> Iterator[tuple[np.n
     produced; a shuffled batch draws random rows from it (swap-remove) and stacks them."""
     rng = np.random.default_rng((opts.seed, epoch, 1))
     buf: list[tuple[str, int, np.ndarray]] = []
-    limit = max(opts.batch_size, opts.shuffle_buffer if opts.shuffle else opts.batch_size)
+    size = opts.rank_batch
+    limit = max(size, opts.shuffle_buffer if opts.shuffle else size)
 
     def take(n: int):
         if opts.shuffle:
@@ -170,8 +172,8 @@ def batches(store: Store, opts: EpochOptions, epoch: int) -> Iterator[tuple[np.n
     for ids, y, x in rows(store, opts, epoch):
         buf.extend(zip(ids, y.tolist(), x))
         while len(buf) >= limit:
-            yield take(opts.batch_size)
-    while len(buf) >= opts.batch_size:
-        yield take(opts.batch_size)
+            yield take(size)
+    while len(buf) >= size:
+        yield take(size)
     if buf and not opts.drop_last:
         yield take(len(buf))

@@ -12,7 +12,9 @@ extra (``training/reading/petastorm_reader.py``); HDF5 and blob stores always us
 A Parquet or Delta table another tool wrote is read when ``OpenOptions.foreign`` names its
 columns (``converters/formats/foreign_table.py``): the same row-group pieces and engine, arrow pool only.
 
-Every reader shards by rank the same way (pieces -> ``index % num_shards == shard``).
+The engine reads an epoch in one order for any number of ranks (``training/reading/order.py``):
+each rank takes its part of every global batch, and every rank gets the same number of batches.
+The Petastorm pools shard whole row groups by rank (``index % world_size == rank``) instead.
 Encoded images (JPEG/PNG bytes) are decoded by the engine's threads as each piece is read
 (``training/reading/images.py``).
 """
@@ -23,7 +25,7 @@ import json
 import math
 import os
 import posixpath
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -37,6 +39,7 @@ from trainfeed.converters.formats.registry import FORMATS as REGISTRY
 from trainfeed.converters.storage import fetch
 from trainfeed.converters.storage.location import Location, is_remote, locate
 from trainfeed.training.reading import engine, images, petastorm_reader
+from trainfeed.training.reading.order import EpochOrder
 from trainfeed.training.reading.store import Batch, EpochOptions, Store
 
 FORMATS = tuple(REGISTRY)
@@ -52,6 +55,9 @@ def open_store(path: str, fmt: str | None = None, opts: OpenOptions = OpenOption
     """Open ``path`` (a local path or a URL: abfs://, az://, abfss://, s3://, gs://, file://)
     as ``fmt`` (detected when None) and list its pieces. ``pool``: the reader pool its epochs
     will be read with (``EpochOptions.pool``), checked against the store before anything is read."""
+    if not isinstance(path, str) or not path.strip():
+        raise UsageError(f"a store's path or URL is needed, not {path!r} (an empty path would name the current "
+                         "folder)")
     if fmt is not None and fmt not in REGISTRY:
         raise UsageError(f"--format must be one of {', '.join(REGISTRY)}, not {fmt!r}")
     if pool not in POOLS:
@@ -141,27 +147,32 @@ def _check_sample_folder(location) -> None:
                              "convert again" + (f"; {FOREIGN_HINT}" if foreign else ""))
 
 
-def check_sharding(store: Store, num_shards: int, batch_size: int) -> int:
-    """Pre-flight for data parallelism: every shard must get data, and all ranks must run
-    the same number of steps (else collective ops hang). Returns steps per epoch per rank."""
-    if num_shards < 1:
-        raise UsageError("number of shards must be at least 1")
-    if len(store.pieces) < num_shards:
-        raise TrainfeedError(f"{store.path}: {len(store.pieces)} {store.module.UNIT} cannot be split across "
-                             f"{num_shards} shards; rewrite the store with a smaller --row-group-size / "
-                             "--hdf5-chunk-size, or use fewer ranks")
-    rows = min(store.shard_rows(k, num_shards) for k in range(num_shards))
-    if rows < batch_size:
-        raise TrainfeedError(f"{store.path}: the smallest shard holds {rows} samples, fewer than one batch of "
-                             f"{batch_size}")
-    return rows // batch_size
+def epoch_order(store: Store, opts: EpochOptions, epoch: int = 0) -> EpochOrder:
+    """The epoch's order (from row counts only; nothing is read). Several ranks without
+    ``drop_last`` get the short last batch padded, so that each rank's last batch is full."""
+    return EpochOrder(store.piece_rows, global_batch=opts.global_batch, lanes=opts.lane_count, seed=opts.seed,
+                      epoch=epoch, shuffle=opts.shuffle, shuffle_buffer=opts.shuffle_buffer,
+                      drop_last=opts.drop_last, pad=opts.world_size > 1)
 
 
-def epoch_plan(store: Store, opts: EpochOptions, epoch: int = 0) -> engine.EpochPlan:
-    """The engine's plan for this shard's epoch (from row counts only; nothing is read)."""
-    return engine.plan_epoch(store.piece_rows, store.shard_pieces(opts.shard, opts.num_shards),
-                             batch_size=opts.batch_size, shuffle=opts.shuffle, seed=opts.seed, epoch=epoch,
-                             shuffle_buffer=opts.shuffle_buffer, drop_last=opts.drop_last)
+def batches_per_rank(store: Store, opts: EpochOptions) -> int:
+    """Batches each rank reads in an epoch (the same on every rank; none is refused): the
+    engine's order, or for a Petastorm pool the full batches of the smallest shard (its ranks
+    read whole row groups and would otherwise run different numbers of steps)."""
+    path = store.path
+    if uses_petastorm(store, opts.pool) and opts.world_size > 1:
+        if len(store.pieces) < opts.world_size:
+            raise TrainfeedError(f"{path}: {len(store.pieces)} {store.module.UNIT} cannot be split across "
+                                 f"{opts.world_size} ranks by a Petastorm pool; use --reader-pool arrow (the default), "
+                                 "or rewrite the store with a smaller --row-group-size")
+        rows = min(store.shard_rows(k, opts.world_size) for k in range(opts.world_size))
+        count = rows // opts.rank_batch
+    else:
+        count = epoch_order(store, opts).batches
+    if count < 1:
+        ranks = f" ({opts.rank_batch} on each of {opts.world_size} ranks)" if opts.world_size > 1 else ""
+        raise TrainfeedError(f"{path}: {store.samples} samples, fewer than one batch of {opts.global_batch}{ranks}")
+    return count
 
 
 def uses_petastorm(store: Store, pool: str) -> bool:
@@ -174,10 +185,12 @@ def uses_petastorm(store: Store, pool: str) -> bool:
     return pool in petastorm_reader.POOLS and store.format.parquet_files
 
 
-def iter_batches(store: Store, opts: EpochOptions, epoch: int = 0, start_batch: int = 0) -> Iterator[Batch]:
-    """One epoch of batches for this shard: every sample of the shard exactly once, in an
-    order fixed by (seed, epoch). ``start_batch``: batches start_batch.. of that epoch; the
-    engine reads none of the pieces whose rows all fall in earlier batches."""
+def iter_batches(store: Store, opts: EpochOptions, epoch: int = 0, start_batch: int = 0,
+                 empty: Callable[..., np.ndarray] | None = None) -> Iterator[Batch]:
+    """This rank's batches of one epoch: its part of every global batch, in an order fixed by
+    (seed, epoch) whatever the world size. ``start_batch``: batches start_batch.. of that epoch;
+    the engine reads none of the pieces whose rows all fall in earlier batches. ``empty``: where
+    each batch's x is allocated (``np.empty``'s form; default: recycled memory)."""
     if uses_petastorm(store, opts.pool):
         for k, (x, y, ids) in enumerate(petastorm_reader.batches(store, opts, epoch)):
             if k >= start_batch:
@@ -199,12 +212,12 @@ def iter_batches(store: Store, opts: EpochOptions, epoch: int = 0, start_batch: 
         if span is not None and listing.fetcher is not None:
             listing.fetcher.ahead(*span)
 
-    for x, y, ids in engine.run_epoch(
-            epoch_plan(store, opts, epoch), store.piece_rows, read,
-            lambda i: module.piece_file(store.pieces[i]), workers=reading_threads(store, opts, fetch_ahead=ahead),
-            start_batch=start_batch, upcoming=upcoming if ahead else None,
-            ahead=pieces_ahead(store)):
-        yield Batch(x, y, ids)
+    order = epoch_order(store, opts, epoch)
+    for k, (x, y, ids) in enumerate(engine.run_epoch(
+            order, opts.rank, opts.world_size, read, lambda i: module.piece_file(store.pieces[i]),
+            workers=reading_threads(store, opts, fetch_ahead=ahead), start_batch=start_batch,
+            upcoming=upcoming if ahead else None, ahead=pieces_ahead(store), empty=empty), start=start_batch):
+        yield Batch(x, y, ids, len(ids) - order.real_rows(k, opts.rank, opts.world_size))
 
 
 def pieces_ahead(store: Store) -> int:

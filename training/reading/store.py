@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from trainfeed.converters.errors import UsageError
 from trainfeed.converters.formats import foreign_table
 from trainfeed.converters.formats.foreign import ForeignSchema
 from trainfeed.converters.formats.interface import Format, PieceReader
@@ -14,23 +15,63 @@ from trainfeed.converters.formats.options import OpenOptions
 from trainfeed.converters.formats.registry import FORMATS as REGISTRY
 from trainfeed.converters.layout import DatasetSchema, FieldSpec
 from trainfeed.training.reading import images
+from trainfeed.training.reading.order import check_batching, check_world, default_lanes
 
 
 @dataclass(frozen=True)
 class EpochOptions:
     """What reading one epoch of an opened store needs (``Store.batches``, ``TorchDataset``,
-    ``tf_dataset``, ``train``). Frozen and picklable: DataLoader worker processes receive it."""
+    ``tf_dataset``, ``train``). Frozen and picklable: DataLoader worker processes receive it.
 
-    batch_size: int = 32  # samples per batch
-    shuffle: bool = True  # a seeded order per epoch; False: the store's order
+    The epoch's order depends on the store, ``seed``, the epoch, ``shuffle``, ``shuffle_buffer``,
+    ``drop_last``, the global batch size and ``lanes`` (training/reading/order.py), never on
+    ``rank``, ``world_size`` or the reader's threads and processes."""
+
+    batch_size: int = 32  # samples per batch of this rank
+    shuffle: bool = True  # a seeded order per epoch; False: the lanes read the store in order
     seed: int = 0  # with the epoch, fixes the order (and the augmentation)
-    shuffle_buffer: int = 256  # rows per shuffle window (at least)
-    drop_last: bool = False  # drop a last batch smaller than batch_size
+    shuffle_buffer: int = 256  # rows shuffled together, at least (shared among the lanes)
+    drop_last: bool = False  # drop the short tail (fewer rows than a global batch)
     workers: int = 2  # threads reading (and decoding) pieces
     pool: str = "arrow"  # arrow: trainfeed's engine; sharded | process | thread | dummy: Petastorm (Parquet/Delta)
-    shard: int = 0  # read shard ``shard`` of ``num_shards`` (whole pieces: index % num_shards == shard)
-    num_shards: int = 1
+    rank: int = 0  # this reader's part of each global batch: rank ``rank`` of ``world_size``
+    world_size: int = 1
+    global_batch_size: int | None = None  # samples per global batch, all ranks; None: batch_size x world_size
+    lanes: int | None = None  # how the epoch is dealt (order.py); None: the largest divisor of the global batch <= 8
     augment: bool = False  # encoded images: a random resized crop and flip, from (seed, epoch, sample id)
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "shuffle_buffer", "workers", "world_size"):
+            _check_int(name, getattr(self, name), 1)
+        _check_int("rank", self.rank, 0)
+        if self.global_batch_size is not None:
+            _check_int("global_batch_size", self.global_batch_size, 1)
+            if self.batch_size != 32 and self.batch_size * self.world_size != self.global_batch_size:
+                raise UsageError(f"batch_size={self.batch_size} x world_size={self.world_size} is not "
+                                 f"global_batch_size={self.global_batch_size}: give one of them")
+        if self.lanes is not None:
+            _check_int("lanes", self.lanes, 1)
+        check_world(self.global_batch, self.rank, self.world_size)
+        check_batching(self.global_batch, self.lane_count)
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per global batch: what a resume on another world size must keep."""
+        return self.global_batch_size if self.global_batch_size is not None else self.batch_size * self.world_size
+
+    @property
+    def rank_batch(self) -> int:
+        """Samples per batch of this rank."""
+        return self.global_batch // self.world_size
+
+    @property
+    def lane_count(self) -> int:
+        return self.lanes if self.lanes is not None else default_lanes(self.global_batch)
+
+
+def _check_int(name: str, value: object, least: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise UsageError(f"{name} must be an integer, at least {least}, not {value!r}")
 
 
 @dataclass
@@ -38,6 +79,7 @@ class Batch:
     x: np.ndarray  # (B, *shape)
     y: np.ndarray  # (B,) int64; -1 where unlabeled
     ids: list[str]
+    padding: int = 0  # the last rows that repeat the epoch's first samples (several ranks, no drop_last)
 
     @property
     def nbytes(self) -> int:
@@ -85,6 +127,7 @@ class Store:
         return foreign_table.READER if self.foreign else REGISTRY[self.fmt]
 
     def shard_pieces(self, shard: int, num_shards: int) -> list[int]:
+        """Petastorm's sharding (whole pieces, ``index % num_shards == shard``): its pools only."""
         return [i for i in range(len(self.pieces)) if i % num_shards == shard]
 
     def shard_rows(self, shard: int, num_shards: int) -> int:

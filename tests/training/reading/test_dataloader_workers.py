@@ -10,74 +10,22 @@ the parent, whose runtime a forked child cannot use (converters/storage/client.p
 from __future__ import annotations
 
 import ctypes
-import faulthandler
 import multiprocessing
 import pickle
 import subprocess
 import sys
 import textwrap
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import trainfeed
-from tests.conftest import write_volumes
 from tests.test_object_storage import get_backend, on
 
 torch = pytest.importorskip("torch")
-from torch.utils.data import DataLoader  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[3]
-SHAPE = (4, 4, 2)  # float32: 128 bytes a sample
-N = 56  # 7 row groups of 8: DataLoader workers get uneven shares
-TIMEOUT = 300  # seconds a DataLoader may wait for a batch (spawn: each worker imports torch first); a hang fails
-
-
-@pytest.fixture(scope="module")
-def source(tmp_path_factory):
-    root = tmp_path_factory.mktemp("dl-src")
-    truth = write_volumes(root, N, shape=SHAPE, seed=23)
-    return root, sorted((a.tobytes(), lab) for a, lab in truth.values())
-
-
-def make_store(request, tmp_path, source, backend: str, fmt: str = "parquet", **open_kw):
-    """The source converted to ``fmt`` on ``backend``, opened: (store, storage options, url)."""
-    root, _ = source
-    name = {"parquet": "s.parquet", "delta": "s.delta", "hdf5": "s.h5", "hdf5-shards": "shards"}[fmt]
-    if backend == "local":
-        url, options = str(tmp_path / name), {}
-    else:
-        b = get_backend(request, backend)
-        url, options = b.url(b.new_bucket("dl"), name), dict(b.options)
-    trainfeed.convert(str(root), url, format=fmt.split("-")[0], labels=str(root / "labels.csv"),
-                      storage_options=options, row_group_size=8 * 128, target_file_size=24 * 128,
-                      hdf5_chunk_size=8 * 128)
-    store = trainfeed.open_store(url, storage_options=options, **open_kw)
-    assert store.samples == N
-    return store, options, url
-
-
-def samples_of(batches) -> list[tuple[bytes, int]]:
-    out = []
-    for x, y in batches:
-        rows = np.ascontiguousarray(x).reshape(len(y), -1)
-        out += [(r.tobytes(), int(lab)) for r, lab in zip(rows, y)]
-    return sorted(out)
-
-
-def dump_stacks_if_stuck(worker_id: int) -> None:
-    """A worker still running shortly before the DataLoader's timeout prints where each of its
-    threads stands, so that a hang in CI says where it hung."""
-    faulthandler.dump_traceback_later(TIMEOUT - 15, exit=False)
-
-
-def loader(dataset, method: str | None, num_workers: int, persistent: bool = False) -> DataLoader:
-    if num_workers == 0:
-        return DataLoader(dataset, batch_size=None)
-    return DataLoader(dataset, batch_size=None, num_workers=num_workers, multiprocessing_context=method,
-                      persistent_workers=persistent, timeout=TIMEOUT, worker_init_fn=dump_stacks_if_stuck)
+from tests.training.reading.dataloaders import REPO, TIMEOUT, loader, make_store, samples_of  # noqa: E402
 
 
 def epochs(dataset, dl, n: int = 2) -> list[list[tuple[np.ndarray, np.ndarray]]]:
@@ -172,8 +120,10 @@ def test_a_pickled_small_file_folder_reads_the_same_samples(request, source):
 _STORE = None  # set before a pool forks: the children inherit it, client and all
 
 
-def _shard_samples(shard: int) -> list[tuple[bytes, int]]:
-    return samples_of([(b.x, b.y) for b in _STORE.batches(4, shard=shard, num_shards=3)])
+def _shard_samples(rank: int) -> list[tuple[bytes, int]]:
+    """Rank ``rank`` of 3's samples of an epoch, without the rows that pad its last batch."""
+    return samples_of([(b.x[:len(b.ids) - b.padding], b.y[:len(b.ids) - b.padding])
+                       for b in _STORE.batches(4, rank=rank, world_size=3)])
 
 
 @pytest.mark.parametrize("method", ["fork", "forkserver"])
@@ -301,7 +251,7 @@ def _rank_reads(rank: int, world: int, store, out) -> None:
 
 def test_ranks_that_each_use_dataloader_workers_read_every_sample_once(request, tmp_path, source):
     """Ranks started as torchrun and TorchDistributor start them (spawn), each with forked
-    DataLoader workers: shard rank * workers + worker of world * workers, nothing twice."""
+    DataLoader workers: each rank its part of every global batch, nothing twice."""
     store, _, _ = make_store(request, tmp_path, source, "azurite")
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()

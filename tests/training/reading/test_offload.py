@@ -198,7 +198,7 @@ def test_unreachable_dispatcher_is_a_clear_error(folder, tmp_path):
 @pytest.mark.parametrize("framework", ["tf", "torch"])
 @pytest.mark.parametrize("args, env, message", [
     (["--resume", "--checkpoint-dir", "ck"], {}, "does not combine with --resume"),
-    ([], {"WORLD_SIZE": "2"}, "feeds one training process"),
+    ([], {"RANK": "0", "WORLD_SIZE": "2"}, "feeds one training process"),
     (["--data-service", "localhost:5050"], {}, "must be grpc://HOST:PORT"),
 ])
 def test_usage_errors(folder, tmp_path, monkeypatch, framework, args, env, message):

@@ -1,5 +1,5 @@
 """Every reader yields every sample exactly once per epoch, with its own label and values,
-across workers and shards; sharding that cannot work fails before training starts."""
+across threads and ranks; a split across ranks that cannot work fails before training starts."""
 from __future__ import annotations
 
 import csv
@@ -11,7 +11,8 @@ import pytest
 
 from trainfeed.converters.errors import TrainfeedError
 from trainfeed.converters.formats.options import OpenOptions
-from trainfeed.training.reading.readers import EpochOptions, check_sharding, iter_batches, open_store
+from trainfeed.converters.storage.pins import pin_files
+from trainfeed.training.reading.readers import EpochOptions, batches_per_rank, iter_batches, open_store
 
 FORMATS = ["parquet", "delta", "hdf5", "blob"]
 
@@ -37,23 +38,30 @@ READERS = [(fmt, "arrow") for fmt in FORMATS] + [
 
 
 @pytest.mark.parametrize("fmt,pool", READERS)
-@pytest.mark.parametrize("shards,workers", [(1, 1), (1, 3), (2, 2), (3, 2)])
-def test_exactly_once_with_own_label_and_values(learnable, fmt, pool, shards, workers):
+@pytest.mark.parametrize("world,workers", [(1, 1), (1, 3), (2, 2), (3, 2)])
+def test_exactly_once_with_own_label_and_values(learnable, fmt, pool, world, workers):
     truth = truth_of(learnable)
     store = open_store(str(learnable["stores"][fmt]), None, opened(learnable, fmt))
     assert store.fmt == fmt and store.samples == len(truth)
     seen: list[str] = []
-    for shard in range(shards):
-        opts = options(workers=workers, shard=shard, num_shards=shards, seed=5, pool=pool)
-        shard_ids = []
+    counts = set()
+    for rank in range(world):
+        opts = EpochOptions(batch_size=32 if pool == "arrow" else 30, workers=workers, rank=rank, world_size=world,
+                            seed=5, pool=pool)
+        rank_ids, batches = [], 0
         for batch in iter_batches(store, opts, epoch=1):
             assert batch.x.shape[1:] == (12, 12, 4, 2) and batch.x.dtype == np.float32
             for sid, label, x in zip(batch.ids, batch.y, batch.x):
                 assert label == truth[sid][1] and np.array_equal(x, truth[sid][0])
-            shard_ids += batch.ids
-        assert len(shard_ids) == store.shard_rows(shard, shards)
-        seen += shard_ids
-    assert sorted(seen) == sorted(truth)  # no loss, no duplication across shards
+            rank_ids += batch.ids[:len(batch.ids) - batch.padding]
+            batches += 1
+        if pool != "arrow":  # Petastorm's pools: whole row groups by rank
+            assert len(rank_ids) == store.shard_rows(rank, world)
+        counts.add(batches)
+        seen += rank_ids
+    assert sorted(seen) == sorted(truth)  # no loss, no duplication across ranks
+    if pool == "arrow":
+        assert len(counts) == 1  # the same number of batches on every rank
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -62,19 +70,18 @@ def test_shuffle_is_seeded_and_changes_per_epoch(learnable, fmt):
     order = lambda epoch, seed: [i for b in iter_batches(store, options(seed=seed), epoch) for i in b.ids]  # noqa: E731
     assert order(0, 1) == order(0, 1)  # deterministic: resume replays the same order
     assert order(0, 1) != order(1, 1)
-    plain = [i for b in iter_batches(store, options(shuffle=False)) for i in b.ids]
-    if fmt != "parquet" and fmt != "delta":
+    plain = [i for b in iter_batches(store, options(shuffle=False, lanes=1)) for i in b.ids]
+    if fmt != "parquet" and fmt != "delta":  # one lane, unshuffled: the store's order
         assert plain == sorted(plain)
 
 
-def test_sharding_preflight_fails_clearly(learnable):
+def test_splits_that_cannot_work_fail_clearly(learnable):
     store = open_store(str(learnable["stores"]["parquet"]), None, opened(learnable, "parquet"))
-    pieces = len(store.pieces)
-    assert check_sharding(store, 2, 32) == min(store.shard_rows(k, 2) for k in range(2)) // 32
-    with pytest.raises(TrainfeedError, match=f"{pieces} row groups cannot be split across {pieces + 1} shards"):
-        check_sharding(store, pieces + 1, 1)
-    with pytest.raises(TrainfeedError, match="fewer than one batch of 1000"):
-        check_sharding(store, 1, 1000)
+    assert batches_per_rank(store, options(world_size=2, drop_last=True)) == store.samples // 64
+    assert batches_per_rank(store, options(world_size=2)) == -(-store.samples // 64)
+    with pytest.raises(TrainfeedError, match="384 samples, fewer than one batch of 1000"):
+        batches_per_rank(store, EpochOptions(batch_size=1000, drop_last=True))
+    assert batches_per_rank(store, EpochOptions(batch_size=1000)) == 1  # a short batch, without drop_last
 
 
 def test_delta_version_and_live_snapshot(tmp_path, learnable):
@@ -139,6 +146,8 @@ def test_a_reader_that_delivers_fewer_rows_stops_the_epoch(learnable, tmp_path, 
     shutil.copytree(learnable["stores"]["parquet"], tmp_path / "p")
     store = open_store(str(tmp_path / "p"))
     left = _drop_first_row(tmp_path / "p" / "part-00000.parquet")
+    listing = store.extra["listing"]
+    listing.pins = pin_files(list(listing.pins))  # a change the pins cannot see (same inode, size and time)
     expected = (rf"part-00000\.parquet: read {left} ids, {left} labels and {left} samples where {left + 1} were listed"
                 if pool == "arrow" else rf"Petastorm's {pool} pool delivered \d+ of {store.samples} rows")  # the thread
     # pool's race may drop more: the count is not pinned, the stop is

@@ -1,0 +1,453 @@
+"""Batches from DataLoader worker processes to the training process without a copy.
+
+A tensor a worker returns is normally moved into fresh shared memory, which the training
+process then maps: a new allocation and a copy of every batch (1.3-1.6 CPU-s per GB on a
+small cloud VM, more than reading it). Here instead:
+
+- The training process allocates a *ring* of batch slots in shared memory once, when its
+  DataLoader starts workers (just before a fork, or when the dataset is pickled for a spawn or
+  forkserver worker). It is shared by file descriptor and unlinked at once: nothing is ever
+  left in /dev/shm, whatever kills whom.
+- One *reader* per rank, a thread of DataLoader worker 0, reads the rank's batches in order
+  (``readers.iter_batches``), each gathered straight into a free slot; the order therefore does
+  not depend on the number of workers.
+- Worker ``w`` of ``N`` hands over batches ``s+w, s+w+N, ...`` (a DataLoader asks its workers in
+  turn). What crosses the DataLoader's queue is each slot tensor's *handle* (``SlotTensor``
+  pickles as one); the training process answers it with a tensor viewing its own mapping of
+  the slot.
+- A slot is the reader's again once every tensor the training process made of it is gone (a
+  finalizer): a batch kept in a list, across epochs or by another thread is never
+  overwritten. When the training process holds every slot, the reader waits, and after
+  ``HOLD_TIMEOUT`` says so with an error.
+
+Slot states live in a small shared table with one writer per column: the reader fills
+(``FILL``, ``RUN``, ``BATCH``, ``READY``), the training process takes and releases
+(``TAKEN``, ``RELEASED``). A fill of an earlier run that was never taken (its handle was lost
+when that run's DataLoader iterator was dropped) is the reader's to reuse.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+import time
+import uuid
+import weakref
+from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, Callable, Iterator, TypeVar
+
+import numpy as np
+import torch
+
+from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.storage.fetch import flush_cache_writes
+
+T = TypeVar("T")
+
+#: Virtual size of a ring: slots are touched only when used (lowest first), so this bounds the
+#: batches a training process may hold at once, not the memory a run uses.
+RING_BYTES = 2 << 30
+MIN_SLOTS, MAX_SLOTS = 8, 64
+#: Batches the reader fills ahead of the training process, at most (and at most this many bytes).
+AHEAD_BYTES = 512 << 20
+#: Seconds the reader waits while the training process holds every slot, before it says so.
+HOLD_TIMEOUT = 60.0
+#: Longest pause between two looks at the slot table while waiting (seconds).
+POLL_MAX = 0.002
+#: Seconds the reading worker waits at the end of its epoch for its cache writes; what is not
+#: written by then is fetched and cached in a later epoch.
+WORKER_FLUSH_S = 10.0
+
+# columns of the slot table (Y_AT: where the labels start, after the samples)
+FILL, RUN, BATCH, ROWS, READY, TAKEN, RELEASED, Y_AT = range(8)
+# cells of the header (H_PID: the reader of run H_RUN; H_WRITER: the process writing slots now)
+H_RUN, H_PID, H_EPOCH, H_START, H_END, H_ERROR_RUN, H_ERROR_LEN, H_WRITER = range(8)
+
+
+@dataclass(frozen=True)
+class Handle:
+    """What crosses the queue for one tensor of a batch: where it lies in which ring."""
+
+    ring: str
+    slot: int
+    seq: int
+    run: int
+    batch: int
+    part: str  # "x" or "y"
+    shape: tuple[int, ...]
+    dtype: str
+    offset: int
+
+
+class SlotTensor(torch.Tensor):
+    """A worker's view of a slot: a tensor that pickles, on a multiprocessing queue, as its
+    handle. Operations on it give plain tensors; ``pickle``/``torch.save`` copy it as usual."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]  # torch's own idiom
+    handle: Handle
+
+
+def _reduce(t: SlotTensor) -> tuple[Callable[[Handle], torch.Tensor], tuple[Handle]]:
+    return receive, (t.handle,)
+
+
+ForkingPickler.register(SlotTensor, _reduce)
+
+#: The rings this process allocated (weakly): the handles that reach it name one of them.
+_RINGS: weakref.WeakValueDictionary[str, Ring] = weakref.WeakValueDictionary()
+
+
+def receive(handle: Handle) -> torch.Tensor:
+    """The training process's tensor for a handle from a worker."""
+    ring = _RINGS.get(handle.ring)
+    if ring is None or ring.owner != os.getpid():
+        raise TrainfeedError("a batch from a trainfeed DataLoader worker reached a process that did not start that "
+                             "worker; pass batches on with .clone()")
+    return ring.receive(handle)
+
+
+class Ring:
+    """Batch slots in shared memory (see the module's docstring). Made by the training process;
+    pickled (fd passing) or inherited by its workers."""
+
+    def __init__(self, slot_bytes: int, dataset: Any = None):
+        self.id = uuid.uuid4().hex
+        self.owner = os.getpid()
+        self.slot_bytes = -(-max(64, slot_bytes) // 64) * 64
+        self.slots = max(MIN_SLOTS, min(MAX_SLOTS, RING_BYTES // self.slot_bytes))
+        storage = torch.UntypedStorage._new_shared(self.slots * self.slot_bytes)
+        self.data = torch.empty(0, dtype=torch.uint8).set_(storage)
+        self.table = torch.zeros((self.slots, 8), dtype=torch.int64).share_memory_()
+        self.header = torch.zeros(8, dtype=torch.int64).share_memory_()
+        self.text = torch.zeros(2048, dtype=torch.uint8).share_memory_()
+        self._local()
+        self._dataset = weakref.ref(dataset) if dataset is not None else (lambda: None)
+        _RINGS[self.id] = self
+
+    def _local(self) -> None:
+        """This process's numpy views and bookkeeping (not pickled)."""
+        self.np_data = self.data.numpy()
+        self.np_table = self.table.numpy()
+        self.np_header = self.header.numpy()
+        self._leases: weakref.WeakValueDictionary[tuple[int, int], np.ndarray] = weakref.WeakValueDictionary()
+        self._lock = threading.Lock()
+        self._runs: dict[int, _RunView] = {}
+
+    def __getstate__(self) -> dict:
+        return {k: self.__dict__[k] for k in ("id", "owner", "slot_bytes", "slots", "data", "table", "header", "text")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._dataset = lambda: None
+        self._local()
+
+    def slot(self, s: int) -> np.ndarray:
+        return self.np_data[s * self.slot_bytes:(s + 1) * self.slot_bytes]
+
+    # ------------------------------------------------------------------ the training process
+
+    def receive(self, handle: Handle) -> torch.Tensor:
+        with self._lock:
+            view = self._runs.get(handle.run)
+            if view is None:
+                view = self._runs[handle.run] = _RunView(self, handle.run)
+                while len(self._runs) > 4:  # a handle of a dropped run may still come: keep a few
+                    del self._runs[next(iter(self._runs))]
+            slot, seq, k = view.bind(handle)
+            if slot < 0:  # a handle of a run its DataLoader iterator dropped: discarded by the DataLoader
+                return torch.empty(0)
+            lease = self._leases.get((slot, seq))
+            if lease is None:
+                lease = np.frombuffer(self.slot(slot).data, dtype=np.uint8)  # its base, a memoryview, is no array
+                self._leases[(slot, seq)] = lease
+                self.np_table[slot, TAKEN] = seq
+                weakref.finalize(lease, self._release, slot, seq)
+        size = int(np.prod(handle.shape, dtype=np.int64)) * np.dtype(handle.dtype).itemsize
+        part = lease[handle.offset:handle.offset + size].view(handle.dtype).reshape(handle.shape)
+        return torch.from_numpy(part)
+
+    def _release(self, slot: int, seq: int) -> None:
+        if self.np_table[slot, FILL] == seq:
+            self.np_table[slot, RELEASED] = seq
+
+    def error(self, run: int) -> str | None:
+        if int(self.np_header[H_ERROR_RUN]) != run:
+            return None
+        return bytes(self.text.numpy()[:int(self.np_header[H_ERROR_LEN])]).decode(errors="replace")
+
+    # ------------------------------------------------------------------ workers
+
+    def announce(self, run: int, epoch: int, start: int, end: int) -> None:
+        h = self.np_header
+        h[H_PID], h[H_EPOCH], h[H_START], h[H_END] = os.getpid(), epoch, start, end
+        h[H_RUN] = run  # last: a worker that sees the run sees the rest
+
+    def fail(self, run: int, message: str) -> None:
+        raw = message.encode()[:len(self.text)]
+        self.text.numpy()[:len(raw)] = np.frombuffer(raw, np.uint8)
+        self.np_header[H_ERROR_LEN] = len(raw)
+        self.np_header[H_ERROR_RUN] = run
+
+
+class _RunView:
+    """The training process's view of one run: which batch each handle stands for. With
+    ``DataLoader(in_order=True)`` (the default) a handle stands for its own batch; with
+    ``in_order=False`` the DataLoader yields handles as they arrive, so each stands for the
+    next batch of the run, and the order is the run's whatever the workers' timing."""
+
+    def __init__(self, ring: Ring, run: int):
+        self.ring, self.run = ring, run
+        self.in_order = _loader_in_order(ring._dataset())
+        self.next = int(ring.np_header[H_START]) if int(ring.np_header[H_RUN]) == run else 0
+        self.bound: dict[int, int] = {}  # batch of a handle -> batch it stands for
+
+    def bind(self, handle: Handle) -> tuple[int, int, int]:
+        table = self.ring.np_table
+        k = handle.batch
+        if not self.in_order:
+            if k not in self.bound:
+                self.bound[k] = self.next
+                self.next += 1
+            k = self.bound[k]
+        if k == handle.batch and table[handle.slot, FILL] == handle.seq:
+            return handle.slot, handle.seq, k
+        hit = np.flatnonzero((table[:, RUN] == self.run) & (table[:, BATCH] == k) & (table[:, READY] == 1))
+        if not len(hit):
+            return -1, 0, k
+        return int(hit[0]), int(table[hit[0], FILL]), k
+
+
+def _loader_in_order(dataset: Any) -> bool:
+    """Whether the DataLoader iterating ``dataset`` keeps its batches in order (its ``in_order``):
+    found among the frames of this process's threads (the training thread is inside it while it
+    waits for a batch). True when it cannot be found (the default)."""
+    if dataset is None:
+        return True
+    frames: list[Any] = list(sys._current_frames().values())
+    f: Any = None
+    obj: Any = None
+    try:  # frames refer to their callers: none may stay referenced from here (a cycle keeps the loader alive)
+        while frames:
+            f = frames.pop()
+            while f is not None:
+                obj = f.f_locals.get("self") if f.f_code.co_name == "_next_data" else None
+                if type(obj).__name__ == "_MultiProcessingDataLoaderIter" and getattr(obj, "_dataset", None) is dataset:
+                    return bool(getattr(obj, "_in_order", True))
+                f = f.f_back
+        return True
+    finally:
+        del frames, f, obj
+
+
+# ---------------------------------------------------------------------- worker side
+
+
+class Reader(threading.Thread):
+    """DataLoader worker 0's thread that reads the rank's batches into the ring."""
+
+    def __init__(self, ring: Ring, run: int, epoch: int, batches: Callable[[Callable], Iterator],
+                 start: int, end: int, workers: int):
+        super().__init__(name="trainfeed-ring-reader", daemon=True)
+        self.ring, self.run_id, self.epoch, self.batches = ring, run, epoch, batches
+        self.start_batch, self.end = start, end
+        self.ahead = max(1, min(2 * workers + 1, AHEAD_BYTES // ring.slot_bytes))
+        self.stop = threading.Event()
+        self._slot = -1
+        self._seq = 0
+        self._parent = os.getppid()
+
+    def run(self) -> None:
+        ring, table = self.ring, self.ring.np_table
+        ring.announce(self.run_id, self.epoch, self.start_batch, self.end)
+        try:
+            self._take_over()
+            self._seq = int(table[:, FILL].max()) + 1
+            for k, batch in enumerate(self.batches(self._empty), start=self.start_batch):
+                self._check_current()
+                if self._slot < 0:  # a reader that does not gather into the slot (Petastorm's pools)
+                    self._empty(batch.x.shape, batch.x.dtype)[...] = batch.x
+                s, y_at = self._slot, _aligned(batch.x.nbytes)
+                ring.slot(s)[y_at:y_at + batch.y.nbytes] = batch.y.view(np.uint8)
+                table[s, ROWS], table[s, Y_AT], table[s, BATCH], table[s, RUN] = len(batch.y), y_at, k, self.run_id
+                table[s, FILL] = self._seq
+                table[s, READY] = 1  # last: published
+                self._seq += 1
+                self._slot = -1
+        except _Stopped:
+            return
+        except BaseException as exc:  # told to every worker waiting for this run
+            ring.fail(self.run_id, str(exc) if isinstance(exc, TrainfeedError) else f"{type(exc).__name__}: {exc}")
+            return
+        finally:
+            if int(ring.np_header[H_WRITER]) == os.getpid():
+                ring.np_header[H_WRITER] = 0
+        flush_cache_writes(timeout=WORKER_FLUSH_S)  # this worker may exit now: its cache writes first (bounded)
+
+    def _take_over(self) -> None:
+        """Wait until the reader of an earlier run (of a DataLoader iterator dropped but not yet
+        collected) has seen this run's announcement and stopped: one writer at a time."""
+        header, me, since = self.ring.np_header, os.getpid(), time.monotonic()
+        while (other := int(header[H_WRITER])) not in (0, me) and _alive(other):
+            if self.stop.is_set():
+                raise _Stopped
+            if time.monotonic() - since > HOLD_TIMEOUT:
+                raise TrainfeedError(f"the reader of an earlier iteration of this TorchDataset (pid {other}) has not "
+                                     f"stopped in {HOLD_TIMEOUT:.0f} s")
+            time.sleep(POLL_MAX)
+        header[H_WRITER] = me
+
+    def _check_current(self) -> None:
+        """Stop once this run is no longer the ring's (a newer iteration announced itself)."""
+        if self.stop.is_set() or int(self.ring.np_header[H_RUN]) != self.run_id:
+            raise _Stopped
+
+    def _empty(self, shape: tuple, dtype: Any) -> np.ndarray:
+        """The engine's allocator for a batch's x: a free slot's memory."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if _aligned(nbytes) + 8 * shape[0] > self.ring.slot_bytes:
+            raise TrainfeedError(f"a batch of {nbytes} bytes does not fit the DataLoader's batch slots "
+                                 f"({self.ring.slot_bytes} bytes)")
+        s = self._free_slot()
+        table = self.ring.np_table
+        table[s, READY] = 0  # first: taken back
+        self._slot = s
+        return self.ring.slot(s)[:nbytes].view(dtype).reshape(shape)
+
+    def _free_slot(self) -> int:
+        table, run = self.ring.np_table, self.run_id
+        held_since, pause = None, 0.0001
+        while True:
+            self._check_current()
+            mine = table[:, RUN] == run
+            in_flight = mine & (table[:, READY] == 1) & (table[:, TAKEN] != table[:, FILL])
+            free = (table[:, RELEASED] == table[:, FILL]) | (~mine & (table[:, TAKEN] != table[:, FILL]))
+            if int(in_flight.sum()) < self.ahead and free.any():
+                return int(np.flatnonzero(free)[0])
+            if not in_flight.any():  # every slot is held by the training process
+                held_since = held_since or time.monotonic()
+                if time.monotonic() - held_since > HOLD_TIMEOUT:
+                    raise TrainfeedError(f"the training process has held all {self.ring.slots} batch slots of this "
+                                         f"DataLoader for {HOLD_TIMEOUT:.0f} s: keep fewer batches alive at once, or "
+                                         "keep copies (x.clone())")
+            else:
+                held_since = None
+            if os.getppid() != self._parent:
+                raise _Stopped  # the training process is gone
+            time.sleep(pause)
+            pause = min(POLL_MAX * 5, pause * 2)
+
+
+def _aligned(n: int) -> int:
+    return -(-n // 64) * 64
+
+
+class _Stopped(Exception):
+    """The reader was told to stop (its run was dropped) or its training process is gone."""
+
+
+def consume(ring: Ring, run: int, worker: int, workers: int, reader: Reader | None,
+            sample: tuple[tuple[int, ...], str]) -> Iterator[tuple[SlotTensor, SlotTensor]]:
+    """Worker ``worker`` of ``workers``: its batches of run ``run`` as slot tensors (x of
+    ``sample``'s shape and dtype per row, y int64), in order."""
+    header, table = ring.np_header, ring.np_table
+    parent, done = os.getppid(), _loader_done()
+    try:
+        _wait(ring, run, reader, parent, lambda: True if int(header[H_RUN]) == run else None, done, announced=False)
+    except _Stopped:
+        return
+    start, end = int(header[H_START]), int(header[H_END])
+    for k in worker_batches(start, end, worker, workers):
+        try:
+            s = _wait(ring, run, reader, parent, functools.partial(_ready_slot, table, run, k), done)
+        except _Stopped:  # the DataLoader is shutting its workers down: give the worker back to it
+            return
+        seq, rows, y_at = int(table[s, FILL]), int(table[s, ROWS]), int(table[s, Y_AT])
+        x_shape, x_dtype = (rows, *sample[0]), sample[1]
+        yield (_slot_tensor(ring, Handle(ring.id, s, seq, run, k, "x", x_shape, np.dtype(x_dtype).str, 0)),
+               _slot_tensor(ring, Handle(ring.id, s, seq, run, k, "y", (rows,), "<i8", y_at)))
+
+
+def worker_batches(start: int, end: int, worker: int, workers: int) -> range:
+    """The batches worker ``worker`` of ``workers`` hands over: a DataLoader asks its workers in
+    turn, so together they hand over ``start..end-1`` in order."""
+    return range(start + worker, end, workers)
+
+
+def _ready_slot(table: np.ndarray, run: int, k: int) -> int | None:
+    """The slot holding batch ``k`` of ``run``, once the reader has published it."""
+    hit = np.flatnonzero((table[:, RUN] == run) & (table[:, BATCH] == k) & (table[:, READY] == 1))
+    return int(hit[0]) if len(hit) else None
+
+
+def _slot_tensor(ring: Ring, handle: Handle) -> SlotTensor:
+    shape, dtype, offset = handle.shape, handle.dtype, handle.offset
+    size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    view = torch.from_numpy(ring.slot(handle.slot)[offset:offset + size].view(dtype).reshape(shape))
+    t = view.as_subclass(SlotTensor)
+    t.handle = handle
+    return t
+
+
+def _loader_done() -> Any:
+    """The event a DataLoader sets to shut its workers down (a local of torch's worker loop, in
+    the frames above this generator), or None outside a DataLoader worker: a worker waiting for
+    a batch that will never come (its DataLoader was dropped) must notice it, as the worker loop
+    does between batches."""
+    frame: Any = sys._getframe(1)
+    try:  # no frame may stay referenced from here (a frame refers to its callers)
+        while frame is not None:
+            if frame.f_code.co_name == "_worker_loop" and "done_event" in frame.f_locals:
+                return frame.f_locals["done_event"]
+            frame = frame.f_back
+        return None
+    finally:
+        del frame
+
+
+def _wait(ring: Ring, run: int, reader: Reader | None, parent: int, probe: Callable[[], T | None], done: Any = None,
+          announced: bool = True) -> T:
+    """``probe()``'s first answer that is not None; raises the reader's error, and stops when
+    the reader or the training process is gone, or (``announced``) a newer run took the ring;
+    ``_Stopped`` when the DataLoader shuts its workers down (``done``)."""
+    pause, checked = 0.00005, time.monotonic()
+    while (found := probe()) is None:
+        if done is not None and done.is_set():
+            raise _Stopped
+        message = ring.error(run)
+        if message is not None:
+            raise TrainfeedError(message)
+        if announced and int(ring.np_header[H_RUN]) != run:
+            raise TrainfeedError("another iteration of this TorchDataset started while this one ran: iterate it "
+                                 "through one DataLoader at a time")
+        now = time.monotonic()
+        if now - checked > 1.0:
+            checked = now
+            if os.getppid() != parent:
+                raise TrainfeedError("the training process is gone")
+            pid = int(ring.np_header[H_PID])
+            if reader is None and int(ring.np_header[H_RUN]) == run and not _alive(pid):
+                raise TrainfeedError(f"the DataLoader worker reading the store (pid {pid}) is gone")
+            if reader is not None and not reader.is_alive() and (found := probe()) is None:
+                raise TrainfeedError(ring.error(run) or "the reader stopped before this batch was read")
+            if found is not None:
+                return found
+        time.sleep(pause)
+        pause = min(POLL_MAX, pause * 2)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a killed worker stays a zombie until the DataLoader reaps it
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
