@@ -14,7 +14,7 @@ PS_VENV  := .venv-petastorm
 PS_PY    := $(PS_VENV)/bin/python
 DEMO     ?= demo-out
 
-.PHONY: install lint test test-busy test-fast demo bench-convert bench-loader bench-remote bench-decode bench-io bench-gpu-feed clean
+.PHONY: install lint test test-busy test-fast demo bench-convert bench-loader bench-remote bench-decode bench-io bench-mlperf bench-gpu-feed clean
 
 install: $(VENV)/.installed $(PS_VENV)/.installed
 
@@ -110,6 +110,11 @@ bench-io: $(VENV)/.installed
 
 # The 3D ResNet through DataLoader workers from local Parquet and from s3rver (with and without
 # cache_dir): meant for a GPU machine (cuda when there is one; on a CPU, use --width 8 or less)
+# MLPerf Storage's 3D U-Net through DataLoader workers from s3rver: emulated H100s / A100s fed at 90% AU
+bench-mlperf: $(VENV)/.installed
+	mkdir -p bench-out
+	$(PY) -m trainfeed.benchmarks.micro.mlperf_unet3d $(MLPERF_ARGS) > bench-out/mlperf.jsonl
+
 bench-gpu-feed: $(VENV)/.installed
 	mkdir -p bench-out
 	$(PY) -m trainfeed.benchmarks.micro.gpu_feed_bench $(GPU_FEED_ARGS) > bench-out/gpu_feed.jsonl

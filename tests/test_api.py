@@ -311,3 +311,25 @@ def test_hostile_positions_and_arguments_get_clear_errors(store56, monkeypatch, 
     monkeypatch.chdir(tmp_path)  # before, "" opened the current folder
     with pytest.raises(trainfeed.UsageError, match="a store's path or URL is needed"):
         trainfeed.open_store("   ")
+
+
+def test_a_loop_that_counts_from_the_epoch_start_resumes_twice_in_one_epoch(store56):
+    """Issue #32 item 7: ``state_dict(n)`` takes the batches done since the epoch began, as a
+    user's loop counts them (``enumerate(loader, start=dataset.start_batch)``), across two
+    resumes in one epoch: every batch once, in order."""
+    from torch.utils.data import DataLoader
+
+    store, _ = store56
+    full = epoch_of(trainfeed.TorchDataset(store, batch_size=4, seed=6), 2)
+    got, state = [], None
+    for stop_at in (4, 9, None):  # killed after batch 4, then after batch 9, then to the end
+        dataset = trainfeed.TorchDataset(store, batch_size=4, seed=6)
+        if state is not None:
+            dataset.load_state_dict(state)
+        for step, (x, y) in enumerate(DataLoader(dataset, batch_size=None, num_workers=2, timeout=300),
+                                      start=dataset.start_batch):
+            got.append((x.numpy().tobytes(), y.numpy().copy()))
+            if step + 1 == stop_at:
+                state = dataset.state_dict(step + 1)
+                break
+    assert [x for x, _ in got] == [x for x, _ in full] and len(got) == 14

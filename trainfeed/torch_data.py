@@ -14,7 +14,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.store import Pool, Store, epoch_options, open_store
-from trainfeed.torch_handoff import Reader, Ring, consume
+from trainfeed.torch_handoff import Reader, Ring, consume, torch_dtype
 from trainfeed.training.config import distributed_env
 from trainfeed.training.reading import readers
 from trainfeed.training.reading.store import EpochOptions
@@ -114,7 +114,7 @@ class TorchDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         spec = self.store.reader.sample_spec
         if spec.shape is None:
             raise TrainfeedError(f"{self.store.uri}: field {spec.name!r} has no fixed sample shape")
-        sample = int(torch.tensor(0, dtype=_torch_dtype(spec.dtype)).element_size())
+        sample = int(torch.tensor(0, dtype=torch_dtype(spec.dtype)).element_size())
         for n in spec.shape:
             sample *= int(n)
         rows = self.options.rank_batch
@@ -207,8 +207,6 @@ class TorchDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         assert spec.shape is not None, "_prepare_workers refused a store without a fixed sample shape"
         try:
             yield from consume(ring, run, info.id, info.num_workers, reader, (tuple(spec.shape), spec.dtype))
-            if reader is not None:  # the other workers' batches are read by this worker's thread
-                reader.join()
         finally:
             if reader is not None and reader.is_alive():
                 reader.stop.set()
@@ -259,12 +257,6 @@ class TorchDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
             raise TrainfeedError(f"{where}: the state's batch {state['batch']} is past the end of an epoch "
                                  f"({self.batches} batches)")
         self._move_to(state["epoch"], state["batch"])
-
-
-def _torch_dtype(dtype: str) -> torch.dtype:
-    import numpy as np
-
-    return torch.from_numpy(np.empty(0, dtype=np.dtype(dtype))).dtype
 
 
 #: The datasets of this process: before it forks (a DataLoader starting workers), each prepares.

@@ -27,7 +27,6 @@ when that run's DataLoader iterator was dropped) is the reader's to reuse.
 """
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import threading
@@ -54,8 +53,10 @@ MIN_SLOTS, MAX_SLOTS = 8, 64
 AHEAD_BYTES = 512 << 20
 #: Seconds the reader waits while the training process holds every slot, before it says so.
 HOLD_TIMEOUT = 60.0
-#: Longest pause between two looks at the slot table while waiting (seconds).
+#: Longest pause between two looks at the slot table while waiting (seconds); a worker whose
+#: batch is more than one batch ahead of the reader looks every POLL_FAR.
 POLL_MAX = 0.002
+POLL_FAR = 0.01
 #: Seconds the reading worker waits at the end of its epoch for its cache writes; what is not
 #: written by then is fetched and cached in a later epoch.
 WORKER_FLUSH_S = 10.0
@@ -164,9 +165,13 @@ class Ring:
                 self._leases[(slot, seq)] = lease
                 self.np_table[slot, TAKEN] = seq
                 weakref.finalize(lease, self._release, slot, seq)
-        size = int(np.prod(handle.shape, dtype=np.int64)) * np.dtype(handle.dtype).itemsize
-        part = lease[handle.offset:handle.offset + size].view(handle.dtype).reshape(handle.shape)
-        return torch.from_numpy(part)
+        rows = int(self.np_table[slot, ROWS])  # the batch bound may be another than the handle's (in_order=False)
+        if handle.part == "x":
+            shape, offset = (rows, *handle.shape[1:]), 0
+        else:
+            shape, offset = (rows,), int(self.np_table[slot, Y_AT])
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(handle.dtype).itemsize
+        return torch.from_numpy(lease[offset:offset + size].view(handle.dtype).reshape(shape))
 
     def _release(self, slot: int, seq: int) -> None:
         if self.np_table[slot, FILL] == seq:
@@ -211,7 +216,7 @@ class _RunView:
                 self.bound[k] = self.next
                 self.next += 1
             k = self.bound[k]
-        if k == handle.batch and table[handle.slot, FILL] == handle.seq:
+        if k == handle.batch and handle.slot >= 0 and table[handle.slot, FILL] == handle.seq:
             return handle.slot, handle.seq, k
         hit = np.flatnonzero((table[:, RUN] == self.run) & (table[:, BATCH] == k) & (table[:, READY] == 1))
         if not len(hit):
@@ -351,7 +356,8 @@ class _Stopped(Exception):
 def consume(ring: Ring, run: int, worker: int, workers: int, reader: Reader | None,
             sample: tuple[tuple[int, ...], str]) -> Iterator[tuple[SlotTensor, SlotTensor]]:
     """Worker ``worker`` of ``workers``: its batches of run ``run`` as slot tensors (x of
-    ``sample``'s shape and dtype per row, y int64), in order."""
+    ``sample``'s shape and dtype per row, y int64), in order; with ``reader`` (worker 0), until
+    that reader has read the other workers' batches too."""
     header, table = ring.np_header, ring.np_table
     parent, done = os.getppid(), _loader_done()
     try:
@@ -361,13 +367,20 @@ def consume(ring: Ring, run: int, worker: int, workers: int, reader: Reader | No
     start, end = int(header[H_START]), int(header[H_END])
     for k in worker_batches(start, end, worker, workers):
         try:
-            s = _wait(ring, run, reader, parent, functools.partial(_ready_slot, table, run, k), done)
+            s = _wait(ring, run, reader, parent, _BatchProbe(table, run, k), done)
         except _Stopped:  # the DataLoader is shutting its workers down: give the worker back to it
             return
+        if s < 0:  # delivered already, for a handle that came first: this handle stands for the next batch
+            yield _ticket(ring, run, k, sample)
+            continue
         seq, rows, y_at = int(table[s, FILL]), int(table[s, ROWS]), int(table[s, Y_AT])
         x_shape, x_dtype = (rows, *sample[0]), sample[1]
         yield (_slot_tensor(ring, Handle(ring.id, s, seq, run, k, "x", x_shape, np.dtype(x_dtype).str, 0)),
                _slot_tensor(ring, Handle(ring.id, s, seq, run, k, "y", (rows,), "<i8", y_at)))
+    while reader is not None and reader.is_alive():  # the other workers' batches are read by this one's thread
+        reader.join(0.05)
+        if done is not None and done.is_set():  # the DataLoader is shutting down: they are not wanted
+            reader.stop.set()
 
 
 def worker_batches(start: int, end: int, worker: int, workers: int) -> range:
@@ -376,10 +389,26 @@ def worker_batches(start: int, end: int, worker: int, workers: int) -> range:
     return range(start + worker, end, workers)
 
 
-def _ready_slot(table: np.ndarray, run: int, k: int) -> int | None:
-    """The slot holding batch ``k`` of ``run``, once the reader has published it."""
-    hit = np.flatnonzero((table[:, RUN] == run) & (table[:, BATCH] == k) & (table[:, READY] == 1))
-    return int(hit[0]) if len(hit) else None
+class _BatchProbe:
+    """Whether batch ``k`` of ``run`` is published, and how many batches the reader still has to
+    read before it (a worker waiting far behind the reader looks less often)."""
+
+    def __init__(self, table: np.ndarray, run: int, k: int):
+        self.table, self.run, self.k, self.distance = table, run, k, 0
+
+    def __call__(self) -> int | None:
+        """The slot of batch k; -1 when it was published and its slot is gone (it was delivered
+        for another worker's handle, ``DataLoader(in_order=False)``); None while unpublished."""
+        table = self.table
+        ready = (table[:, RUN] == self.run) & (table[:, READY] == 1)
+        hit = np.flatnonzero(ready & (table[:, BATCH] == self.k))
+        if len(hit):
+            return int(hit[0])
+        latest = int(table[ready, BATCH].max()) if ready.any() else -1  # batches are published in order
+        if latest >= self.k:
+            return -1
+        self.distance = self.k - latest
+        return None
 
 
 def _slot_tensor(ring: Ring, handle: Handle) -> SlotTensor:
@@ -389,6 +418,21 @@ def _slot_tensor(ring: Ring, handle: Handle) -> SlotTensor:
     t = view.as_subclass(SlotTensor)
     t.handle = handle
     return t
+
+
+def _ticket(ring: Ring, run: int, k: int, sample: tuple[tuple[int, ...], str]) -> tuple[SlotTensor, SlotTensor]:
+    """Handles with no slot behind them: the training process binds them to the run's next batch."""
+    def empty(part: str, shape: tuple[int, ...], dtype: str) -> SlotTensor:
+        t = torch.empty(shape, dtype=torch_dtype(dtype)).as_subclass(SlotTensor)
+        t.handle = Handle(ring.id, -1, 0, run, k, part, shape, np.dtype(dtype).str, 0)
+        return t
+
+    return empty("x", (0, *sample[0]), sample[1]), empty("y", (0,), "<i8")
+
+
+def torch_dtype(dtype: str) -> torch.dtype:
+    """The torch dtype of a numpy dtype's name."""
+    return torch.from_numpy(np.empty(0, dtype=np.dtype(dtype))).dtype
 
 
 def _loader_done() -> Any:
@@ -435,7 +479,7 @@ def _wait(ring: Ring, run: int, reader: Reader | None, parent: int, probe: Calla
             if found is not None:
                 return found
         time.sleep(pause)
-        pause = min(POLL_MAX, pause * 2)
+        pause = POLL_FAR if getattr(probe, "distance", 0) > 1 else min(POLL_MAX, pause * 2)
     return found
 
 

@@ -154,7 +154,7 @@ def main_command(
     labels: Optional[str] = typer.Option(None, "--labels", help="blob: labels CSV (id,label), as convert takes it."),
     field: Optional[str] = typer.Option(None, "--field", help="Tensor field to train on (default: the first)."),
     shuffle_buffer: int = typer.Option(256, "--shuffle-buffer", help="Samples shuffled together (at least; held "
-                                       "in memory, shared among the lanes)."),
+                                       "in memory, shared among the lanes; at most 1 GB of samples)."),
     warmup_steps: int = typer.Option(1, "--warmup-steps", help="Steps excluded from the summary (0 to the run's "
                                      "total steps)."),
     storage_option: List[str] = typer.Option([], "--storage-option", help="KEY=VALUE for a URL in --data, "

@@ -4,13 +4,16 @@ way users run it (``make bench-io``'s DataLoader rows; issue #31's targets):
 - **threads**: ``num_workers=0``, trainfeed's reader threads in the training process;
 - **workers**: ``num_workers`` 1, 2 and 4 with ``persistent_workers=True`` (epoch 1: the
   workers' start included; epoch 2: the steady state), under fork, and under spawn and
-  forkserver once (their start, importing torch, is a one-time cost: ``start_s``);
+  forkserver once (their start, importing torch, is a one-time cost);
 - **cache**: with a fresh ``cache_dir``, epoch 1 (filling it) and epoch 2 (from it), through 0
-  and 2 workers, beside ``store.batches``' own epoch 2 from the same kind of cache.
+  and 2 workers, beside ``store.batches``' own epoch 2 from the same cache.
 
-Each record has MB/s of samples delivered and CPU-seconds per GB of the training process and
-its worker processes together (read from /proc while the workers run). Every epoch delivers
-every sample (checked), and each batch is touched (summed) as a training step would.
+Each cell runs in a fresh process (spawned), as a training run starts: nothing warmed by the
+bench or earlier cells. Each record has MB/s of samples delivered and CPU-seconds per GB of the
+training process and its worker processes together (read from /proc while the workers run),
+for the whole epoch and from its first batch on (``running_*``; ``start_s``: the time to the
+first batch, the workers' start and the first windows' reads). Every epoch delivers every
+sample (checked), and each batch is touched (summed) as a training step would.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import psutil
 
@@ -30,16 +33,20 @@ OTHER_METHODS_WORKERS = 2
 
 
 class ProcessesCPU:
-    """CPU-seconds of this process and its children (DataLoader workers), read on demand:
-    a child's last reading stands once it has exited."""
+    """CPU-seconds of this process and the children it starts from now on (DataLoader workers,
+    not the storage servers already running), read on demand: a child's last reading stands
+    once it has exited."""
 
     def __init__(self) -> None:
         self.me = psutil.Process()
+        self._before = {c.pid for c in self.me.children(recursive=True)}
         self._children: dict[int, float] = {}
 
     def children(self) -> float:
-        """The children's CPU-seconds (each as last read)."""
+        """The new children's CPU-seconds (each as last read)."""
         for child in self.me.children(recursive=True):
+            if child.pid in self._before:
+                continue
             try:
                 t = child.cpu_times()
                 self._children[child.pid] = t.user + t.system
@@ -52,35 +59,62 @@ class ProcessesCPU:
         return t.user + t.system + self.children()
 
 
-def _epoch(batches, cpu: ProcessesCPU) -> tuple[int, int, float, float, float | None]:
-    """(samples, bytes, seconds, CPU-seconds, seconds to the first batch) of one epoch."""
+def _epoch(batches, cpu: ProcessesCPU) -> dict:
+    """One epoch: samples, bytes, seconds and CPU-seconds, whole and from its first batch on
+    (before it: the workers' start and the first windows' reads)."""
     c0, t0 = cpu.seconds(), time.perf_counter()
-    samples = nbytes = 0
-    first = None
+    samples = nbytes = first_bytes = 0
+    first_s = first_cpu = 0.0
     for x, y in batches:
-        if first is None:
-            first = time.perf_counter() - t0
+        if not samples:
+            first_s, first_cpu, first_bytes = time.perf_counter() - t0, cpu.seconds() - c0, x.nbytes
         samples += len(y)
         nbytes += x.nbytes
         float(x.view(-1)[::4096].sum())  # touch the batch, as a step would
-        if samples and samples % 2048 < len(y):
+        if samples % 2048 < len(y):
             cpu.seconds()  # a worker that exits keeps its last reading
-    return samples, nbytes, time.perf_counter() - t0, cpu.seconds() - c0, first
-
-
-def _record(kind: str, epoch: int, samples: int, nbytes: int, seconds: float, cpu: float, **fields) -> dict:
-    return {"kind": kind, "epoch": epoch, **fields, "samples": samples, "bytes": nbytes,
-            "seconds": round(seconds, 3), "mb_per_s": round(nbytes / seconds / 1e6, 1),
-            "cpu_s": round(cpu, 3), "cpu_s_per_gb": round(cpu / (nbytes / 1e9), 3),
+    seconds, cpu_s = time.perf_counter() - t0, cpu.seconds() - c0
+    running = nbytes - first_bytes
+    return {"samples": samples, "bytes": nbytes, "seconds": round(seconds, 3),
+            "mb_per_s": round(nbytes / seconds / 1e6, 1), "cpu_s": round(cpu_s, 3),
+            "cpu_s_per_gb": round(cpu_s / (nbytes / 1e9), 3), "start_s": round(first_s, 3),
+            "running_mb_per_s": round(running / max(1e-9, seconds - first_s) / 1e6, 1),
+            "running_cpu_s_per_gb": round((cpu_s - first_cpu) / max(1, running) * 1e9, 3),
             "load_1m": round(os.getloadavg()[0], 2)}
+
+
+def _cell(url: str, options: dict, samples: int, kind: str, method: str, n: int, cache: str | None, batch_size: int,
+          out) -> None:
+    """One cell in a process of its own (what a training process starts from: nothing warmed by
+    earlier cells), two epochs; the records go to ``out``."""
+    from torch.utils.data import DataLoader
+
+    cpu = ProcessesCPU()
+    store = trainfeed.open_store(url, storage_options=options, io_concurrency=8, cache_dir=cache)
+    dataset = trainfeed.TorchDataset(store, batch_size=batch_size, seed=1)
+    loader = DataLoader(dataset, batch_size=None, num_workers=n, persistent_workers=n > 0, timeout=600 if n else 0,
+                        multiprocessing_context=method if n else None)
+    cell = {"method": method, "workers": n, "cache": cache is not None}
+    for epoch in (1, 2):
+        dataset.set_epoch(epoch)
+        rec = {"kind": kind, "epoch": epoch, **cell, **_epoch(loader, cpu)}
+        assert rec["samples"] == samples, rec
+        out.put(rec)
+    del loader, dataset
+    if cache is not None:  # store.batches' epoch 2 from the same cache: the reference for the cache's target
+        rec = _epoch(_as_tensors((b.x, b.y) for b in store.batches(batch_size, seed=1, epoch=2)), cpu)
+        out.put({"kind": "store_batches_cache", "epoch": 2, **cell, **rec})
+        from trainfeed.converters.storage.fetch import flush_cache_writes
+
+        flush_cache_writes()
+    out.put(None)
 
 
 def rows(url: str, options: dict, samples: int, work: Path, methods: tuple[str, ...] = ("fork", "forkserver", "spawn"),
          workers: tuple[int, ...] = WORKERS, batch_size: int = 32) -> Iterator[dict]:
-    """The DataLoader rows for the store at ``url``: two epochs of each cell."""
-    from torch.utils.data import DataLoader
-
-    cpu = ProcessesCPU()
+    """The DataLoader rows for the store at ``url``: two epochs of each cell, each cell in a
+    fresh process (spawned: the bench's own state is not inherited)."""
+    import multiprocessing
 
     def cells() -> Iterator[tuple[str, str, int, str | None]]:
         yield "threads", "none", 0, None
@@ -92,41 +126,17 @@ def rows(url: str, options: dict, samples: int, work: Path, methods: tuple[str, 
         for n in (0, 2):
             yield "cache", "fork" if n else "none", n, str(work / f"loader-cache-{n}")
 
+    ctx = multiprocessing.get_context("spawn")
     for kind, method, n, cache in cells():
-        store = trainfeed.open_store(url, storage_options=options, io_concurrency=8, cache_dir=cache)
-        dataset = trainfeed.TorchDataset(store, batch_size=batch_size, seed=1)
-        loader = DataLoader(dataset, batch_size=None, num_workers=n, persistent_workers=n > 0, timeout=600 if n else 0,
-                            multiprocessing_context=method if n else None)
-        for epoch in (1, 2):
-            dataset.set_epoch(epoch)
-            got, nbytes, seconds, cpu_s, first = _epoch(loader, cpu)
-            assert got == samples, (kind, method, n, got)
-            extra = {"start_s": round(first, 3)} if epoch == 1 and first is not None else {}
-            yield _record(kind, epoch, got, nbytes, seconds, cpu_s, method=method, workers=n, cache=cache is not None,
-                          **extra)
-        del loader, dataset
+        out = ctx.Queue()
+        proc = ctx.Process(target=_cell, args=(url, options, samples, kind, method, n, cache, batch_size, out))
+        proc.start()
+        while (rec := out.get(timeout=1800)) is not None:
+            yield rec
+        proc.join(120)
+        assert proc.exitcode == 0, (kind, method, n, proc.exitcode)
         if cache is not None:
-            yield from _store_epoch_from_cache(store, cpu, samples, batch_size)
-            from trainfeed.converters.storage.fetch import flush_cache_writes
-
-            flush_cache_writes()
             shutil.rmtree(cache, ignore_errors=True)
-
-
-def _store_epoch_from_cache(store, cpu: ProcessesCPU, samples: int, batch_size: int) -> Iterator[dict]:
-    """``store.batches``' epoch 2 from the cache the DataLoader epochs filled (the reference for
-    the cache's target), only once per cache: with the 0-worker cell."""
-    batches: Callable[[], Iterator] = lambda: ((b.x, b.y) for b in store.batches(batch_size, seed=1, epoch=2))  # noqa: E731
-    got, nbytes, seconds, cpu_s, _ = _epoch(_as_tensors(batches()), cpu)
-    assert got == samples
-    yield _record("store_batches_cache", 2, got, nbytes, seconds, cpu_s, method="none", workers=0, cache=True)
-
-
-def _as_tensors(batches: Iterator) -> Iterator:
-    import torch
-
-    for x, y in batches:
-        yield torch.from_numpy(x), torch.from_numpy(y)
 
 
 def _rank_epochs(rank: int, world: int, url: str, options: dict, out) -> None:
@@ -160,4 +170,54 @@ def rank_rows(url: str, options: dict, worlds: tuple[int, ...] = (1, 2)) -> Iter
         for epoch in (1, 2):
             mine = [g for g in got if g[1] == epoch]
             nbytes, seconds, cpu = sum(g[2] for g in mine), max(g[3] for g in mine), sum(g[4] for g in mine)
-            yield _record("ranks", epoch, 0, nbytes, seconds, cpu, method="fork", workers=0, cache=False, world=world)
+            yield {"kind": "ranks", "epoch": epoch, "method": "fork", "workers": 0, "cache": False, "world": world,
+                   "bytes": nbytes, "seconds": round(seconds, 3), "mb_per_s": round(nbytes / seconds / 1e6, 1),
+                   "cpu_s": round(cpu, 3), "cpu_s_per_gb": round(cpu / (nbytes / 1e9), 3),
+                   "load_1m": round(os.getloadavg()[0], 2)}
+
+
+def _as_tensors(batches: Iterator) -> Iterator:
+    import torch
+
+    for x, y in batches:
+        yield torch.from_numpy(x), torch.from_numpy(y)
+
+
+def _lance_cell(url: str, storage_options: dict, shape: tuple[int, ...], samples: int, n: int, out) -> None:
+    """Lance's own PyTorch dataset (``lance.torch.data.LanceDataset``, batches of 32, in order)
+    through a DataLoader with ``n`` workers, two epochs, in a process of its own."""
+    import numpy as np
+    import torch
+    from lance.torch.data import LanceDataset
+    from torch.utils.data import DataLoader
+
+    def to_tensor(batch, **_):
+        column = batch.column("volume")
+        x = np.frombuffer(column.buffers()[2], np.float32)[:len(column) * int(np.prod(shape))]
+        return torch.from_numpy(x.reshape(-1, *shape)), torch.from_numpy(batch.column("label").to_numpy())
+
+    cpu = ProcessesCPU()
+    dataset = LanceDataset(url, 32, columns=["id", "label", "volume"], to_tensor_fn=to_tensor,
+                           dataset_options={"storage_options": storage_options})
+    loader = DataLoader(dataset, batch_size=None, num_workers=n, persistent_workers=n > 0, timeout=600 if n else 0,
+                        multiprocessing_context="fork" if n else None)
+    for epoch in (1, 2):
+        rec = {"kind": "lance_loader", "epoch": epoch, "method": "fork" if n else "none", "workers": n,
+               **_epoch(loader, cpu)}
+        assert rec["samples"] == samples, rec
+        out.put(rec)
+    out.put(None)
+
+
+def lance_rows(url: str, storage_options: dict, shape: tuple[int, ...], samples: int) -> Iterator[dict]:
+    """The peer's rows beside ours: Lance's dataset through 0 and 2 workers, each in a fresh process."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    for n in (0, OTHER_METHODS_WORKERS):
+        out = ctx.Queue()
+        proc = ctx.Process(target=_lance_cell, args=(url, storage_options, shape, samples, n, out))
+        proc.start()
+        while (rec := out.get(timeout=1800)) is not None:
+            yield rec
+        proc.join(120)

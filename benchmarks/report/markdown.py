@@ -268,7 +268,9 @@ def _feeds_section(advice: Advice) -> list[str]:
              f"One GPU at its own rate (samples/s from its step time) reading each option from {where}: the GB/s it "
              f"takes and the vCPUs busy for it: {io}, decode (the reader's CPU per sample, measured here) and the "
              "framework's host work (measured on a real GPU; 0 for an emulated or estimated one, whose step sleeps). "
-             "The model's `io-cpu`, `decode` and remedies use the same figures.", "",
+             "The model's `io-cpu`, `decode` and remedies use the same figures. They hold for a PyTorch DataLoader "
+             "whose workers read through trainfeed's TorchDataset: the workers hand batches over in shared memory, "
+             "at 0.9-1.35x the CPU per GB of trainfeed's own threads (docs/BENCHMARKS.md).", "",
              "| GPU | " + " | ".join(opts) + " |", "|---|" + "---|" * len(opts)]
     rows: dict[tuple, list[str]] = {}  # GPUs with the same figures (at the per-step floor, say) share a row
     for row in advice.feeds:

@@ -147,11 +147,22 @@ def _check_sample_folder(location) -> None:
                              "convert again" + (f"; {FOREIGN_HINT}" if foreign else ""))
 
 
+#: Bytes of samples the shuffle windows hold at most, whatever ``shuffle_buffer`` says: 256 of
+#: MLPerf's 140 MB volumes would be 36 GB, and a first batch would wait for all of them.
+SHUFFLE_BYTES = 1 << 30
+
+
+def shuffle_rows(store: Store, opts: EpochOptions) -> int:
+    """The rows shuffled together: ``shuffle_buffer``, at most ``SHUFFLE_BYTES`` of samples."""
+    sample = store.sample_spec.sample_nbytes
+    return max(1, min(opts.shuffle_buffer, SHUFFLE_BYTES // sample)) if sample else opts.shuffle_buffer
+
+
 def epoch_order(store: Store, opts: EpochOptions, epoch: int = 0) -> EpochOrder:
     """The epoch's order (from row counts only; nothing is read). Several ranks without
     ``drop_last`` get the short last batch padded, so that each rank's last batch is full."""
     return EpochOrder(store.piece_rows, global_batch=opts.global_batch, lanes=opts.lane_count, seed=opts.seed,
-                      epoch=epoch, shuffle=opts.shuffle, shuffle_buffer=opts.shuffle_buffer,
+                      epoch=epoch, shuffle=opts.shuffle, shuffle_buffer=shuffle_rows(store, opts),
                       drop_last=opts.drop_last, pad=opts.world_size > 1)
 
 

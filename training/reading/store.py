@@ -30,7 +30,7 @@ class EpochOptions:
     batch_size: int = 32  # samples per batch of this rank
     shuffle: bool = True  # a seeded order per epoch; False: the lanes read the store in order
     seed: int = 0  # with the epoch, fixes the order (and the augmentation)
-    shuffle_buffer: int = 256  # rows shuffled together, at least (shared among the lanes)
+    shuffle_buffer: int = 256  # rows shuffled together, at least (shared among the lanes; at most 1 GB of samples)
     drop_last: bool = False  # drop the short tail (fewer rows than a global batch)
     workers: int = 2  # threads reading (and decoding) pieces
     pool: str = "arrow"  # arrow: trainfeed's engine; sharded | process | thread | dummy: Petastorm (Parquet/Delta)
