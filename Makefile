@@ -108,12 +108,13 @@ bench-io: $(VENV)/.installed
 	mkdir -p bench-out
 	$(PY) -m trainfeed.benchmarks.micro.io_bench > bench-out/io.jsonl
 
-# The 3D ResNet through DataLoader workers from local Parquet and from s3rver (with and without
-# cache_dir): meant for a GPU machine (cuda when there is one; on a CPU, use --width 8 or less)
 # MLPerf Storage's 3D U-Net through DataLoader workers from s3rver: emulated H100s / A100s fed at 90% AU
 bench-mlperf: $(VENV)/.installed
 	mkdir -p bench-out
-	$(PY) -m trainfeed.benchmarks.micro.mlperf_unet3d $(MLPERF_ARGS) > bench-out/mlperf.jsonl
+	$(VENV)/bin/storage-bench mlperf $(MLPERF_ARGS) > bench-out/mlperf.jsonl
+
+# The 3D ResNet through DataLoader workers from local Parquet and from s3rver (with and without
+# cache_dir): meant for a GPU machine (cuda when there is one; on a CPU, use --width 8 or less)
 
 bench-gpu-feed: $(VENV)/.installed
 	mkdir -p bench-out

@@ -24,7 +24,7 @@ app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions
 
 @app.callback()
 def _root() -> None:
-    """Subcommands: generate, run, report, calibrate, probe."""
+    """Subcommands: generate, run, report, calibrate, probe, mlperf, catalog."""
 
 
 def _cuda() -> bool:
@@ -325,6 +325,43 @@ def probe(
             save_object_store(profile, out)
             typer.echo(f"profile written to {out}", err=True)
         typer.echo(redact_json(asdict(profile)) if as_json else redact(summary(profile)))
+
+
+@app.command(short_help="MLPerf Storage's 3D U-Net: emulated H100s/A100s this machine feeds from S3.",
+             help="MLPerf Storage's yardstick on this machine: --samples generated float32 volumes of --shape "
+                  "(default 143 MB each, MLPerf's 3D U-Net case), converted to Parquet on s3rver (an S3 server on "
+                  "loopback, started here: needs Node) and read through DataLoader(TorchDataset, batch 7, "
+                  "--workers persistent workers): --epochs ingest epochs with no step, then as many with the "
+                  "emulated step of an H100 (0.323 s) and of an A100 (0.636 s) after each batch. Says how many "
+                  "emulated accelerators of each kind the ingest rate feeds at 90% accelerator utilization, the GB/s "
+                  "and vCPUs each takes, and the utilization one of each reached here. JSON lines on stdout (one per "
+                  "epoch, then the summary), progress and the summary on stderr.")
+def mlperf(
+    samples: int = typer.Option(32, "--samples", help="Volumes generated (default 32: about 4.6 GB)."),
+    shape: str = typer.Option("128x128x128x17", "--shape", help="One float32 volume (default 143 MB)."),
+    workers: int = typer.Option(2, "--workers", help="DataLoader worker processes."),
+    epochs: int = typer.Option(2, "--epochs", help="Epochs of each kind (ingest, H100, A100)."),
+    io_concurrency: int = typer.Option(16, "--io-concurrency", help="Range requests in flight."),
+    latency_ms: int = typer.Option(0, "--latency-ms", help="Latency added to every request (a relay), in ms."),
+) -> None:
+    from trainfeed.benchmarks.micro.mlperf_unet3d import BATCH, Workload, summary, summary_text
+    from trainfeed.benchmarks.micro.mlperf_unet3d import run as run_mlperf
+
+    if samples < BATCH or min(epochs, io_concurrency) < 1 or workers < 0 or latency_ms < 0:
+        typer.echo(f"error: --samples must be at least {BATCH} (one batch), --epochs and --io-concurrency at least 1, "
+                   "--workers and --latency-ms at least 0", err=True)
+        raise typer.Exit(2)
+
+    def emit(record: dict) -> None:
+        typer.echo(json.dumps(record))
+        typer.echo(f"{record['kind']} epoch {record['epoch']}: {record['mb_per_s']} MB/s, "
+                   f"{record['cpu_s_per_gb']} CPU-s/GB", err=True)
+
+    with exit_codes():
+        records = run_mlperf(Workload(samples, _shape(shape), workers, epochs, io_concurrency, latency_ms), emit)
+        result = summary(records)
+        typer.echo(json.dumps(result))
+        typer.echo(summary_text(result), err=True)
 
 
 @app.command(short_help="Print (or --refresh) the instance price catalog.",

@@ -1,4 +1,4 @@
-"""MLPerf Storage's yardstick on this machine (``make bench-mlperf``): how many emulated
+"""MLPerf Storage's yardstick on this machine (``storage-bench mlperf``, ``make bench-mlperf``): how many emulated
 accelerators of its 3D U-Net workload the machine feeds from an S3 server through a PyTorch
 DataLoader's workers, at the accelerator utilization (AU) MLPerf Storage requires (>= 90%).
 
@@ -20,17 +20,16 @@ The summary says how many emulated accelerators of each kind the ingest rate fee
 GB/s), and the vCPUs each takes at the measured CPU per GB; beside MLPerf Storage v1.0's
 published single-client results (docs/BENCHMARKS.md).
 
-    python -m trainfeed.benchmarks.micro.mlperf_unet3d --samples 32 > bench-out/mlperf.jsonl
+    storage-bench mlperf --samples 32 > bench-out/mlperf.jsonl
 """
 from __future__ import annotations
 
-import argparse
-import json
 import shutil
-import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -75,44 +74,61 @@ def epoch(loader, step_s: float | None, cpu: ProcessesCPU) -> dict:
             **({"step_s": step_s, "waits": [round(w, 4) for w in waits]} if step_s else {})}
 
 
-def accelerator_utilization(records: list[dict], kind: str) -> float:
+def accelerator_utilization(records: list[dict], kind: str) -> float | None:
     """AU over a kind's epochs, as MLPerf Storage counts it: step time over step time plus the
-    waits for data, the run's first step excluded (each later epoch's first wait included)."""
+    waits for data, the kind's first step excluded (each later epoch's first wait included);
+    None when there was no other step."""
     waits = [w for r in records if r["kind"] == kind for w in r["waits"]][1:]
+    if not waits:
+        return None
     step = next(r["step_s"] for r in records if r["kind"] == kind)
     return step * len(waits) / (step * len(waits) + sum(waits))
 
 
-def run(args) -> list[dict]:
+@dataclass(frozen=True)
+class Workload:
+    """What one run measures: the volumes generated, the DataLoader reading them, the server's added latency."""
+
+    samples: int = 32
+    shape: tuple[int, ...] = (128, 128, 128, 17)  # float32: 143 MB, MLPerf's ~140 MB case
+    workers: int = 2
+    epochs: int = 2
+    io_concurrency: int = 16
+    latency_ms: int = 0
+
+
+def run(w: Workload, emit: Callable[[dict], None]) -> list[dict]:
+    """Generate, convert onto s3rver and read ``w.epochs`` ingest epochs and as many of each
+    emulated accelerator; each epoch's record goes to ``emit`` as it ends."""
     from torch.utils.data import DataLoader
 
     out: list[dict] = []
     work = Path(tempfile.mkdtemp(prefix="trainfeed-mlperf-"))
     try:
-        generate(work / "src", args.samples, args.shape)
+        generate(work / "src", w.samples, w.shape)
         with s3rver.start("bench") as server:
             options = dict(server.storage_options)
             url = "s3://bench/unet3d.parquet"
             trainfeed.convert(str(work / "src"), url, format="parquet", labels=str(work / "src" / "labels.csv"),
                               storage_options=options)
             shutil.rmtree(work / "src")
-            relay = LatencyRelay(server.port, args.latency_ms / 1000) if args.latency_ms else None
+            relay = LatencyRelay(server.port, w.latency_ms / 1000) if w.latency_ms else None
             if relay is not None:
                 options = {k: v.replace(f":{server.port}", f":{relay.port}") if isinstance(v, str) else v
                            for k, v in options.items()}
-            store = trainfeed.open_store(url, storage_options=options, io_concurrency=args.io_concurrency)
+            store = trainfeed.open_store(url, storage_options=options, io_concurrency=w.io_concurrency)
             dataset = trainfeed.TorchDataset(store, batch_size=BATCH, seed=0, drop_last=True)
-            loader = DataLoader(dataset, batch_size=None, num_workers=args.workers, persistent_workers=args.workers > 0,
-                                timeout=600 if args.workers else 0)
+            loader = DataLoader(dataset, batch_size=None, num_workers=w.workers, persistent_workers=w.workers > 0,
+                                timeout=600 if w.workers else 0)
             cpu = ProcessesCPU()
             sample_nbytes = store.reader.spec.sample_nbytes
             assert sample_nbytes is not None, "generated volumes have one shape"
-            common = {"samples": args.samples, "sample_mb": round(sample_nbytes / 1e6, 1),
-                      "workers": args.workers, "latency_ms": args.latency_ms}
-            for e, kind in enumerate(["ingest"] * args.epochs + [k for k in STEP_S for _ in range(args.epochs)]):
+            common = {"samples": w.samples, "sample_mb": round(sample_nbytes / 1e6, 1),
+                      "workers": w.workers, "latency_ms": w.latency_ms}
+            for e, kind in enumerate(["ingest"] * w.epochs + [k for k in STEP_S for _ in range(w.epochs)]):
                 dataset.set_epoch(e)
                 rec = {"kind": kind, "epoch": e, **common, **epoch(loader, STEP_S.get(kind), cpu)}
-                print(json.dumps(rec), flush=True)
+                emit(rec)
                 out.append(rec)
             del loader
             if relay is not None:
@@ -122,34 +138,36 @@ def run(args) -> list[dict]:
     return out
 
 
-def summary(records: list[dict]) -> str:
+def _sig(x: float) -> float:
+    return float(f"{x:.4g}")
+
+
+def summary(records: list[dict]) -> dict:
+    """The steady-state ingest rate (the first epoch left out when there are more) and, per
+    accelerator, the GB/s one takes at 90% AU, how many the ingest rate feeds, the vCPUs of this
+    machine each takes, and the AU measured with one emulated here."""
     ingest = [r for r in records if r["kind"] == "ingest"][1:] or [r for r in records if r["kind"] == "ingest"]
-    gb_s = np.median([r["mb_per_s"] for r in ingest]) / 1e3
+    gb_s = float(np.median([r["bytes"] / r["seconds"] for r in ingest])) / 1e9
     cpu = float(np.median([r["cpu_s_per_gb"] for r in ingest]))
-    sample_gb = records[0]["sample_mb"] / 1e3
-    lines = [f"ingest through the DataLoader (steady state): {gb_s:.2f} GB/s at {cpu:.2f} CPU-s/GB"]
+    sample_gb = records[0]["bytes"] / records[0]["steps"] / BATCH / 1e9
+    out: dict = {"kind": "summary", "ingest_gb_per_s": _sig(gb_s), "cpu_s_per_gb": round(cpu, 3)}
     for kind, step in STEP_S.items():
         need = BATCH * sample_gb / step * AU_TARGET  # GB/s one accelerator takes at 90% AU
         au = accelerator_utilization(records, kind)
-        lines.append(f"{kind}: one takes {BATCH * sample_gb / step:.2f} GB/s at full speed, {need:.2f} at 90% AU "
-                     f"({cpu * need:.1f} vCPUs of this machine's); fed here: {gb_s / need:.2f} emulated "
-                     f"{kind.upper()}s at 90% AU; one emulated here: AU {au * 100:.1f}%")
+        out[kind] = {"gb_per_s_full_speed": _sig(BATCH * sample_gb / step), "gb_per_s_at_90_au": _sig(need),
+                     "vcpus_each": round(cpu * need, 2), "fed_at_90_au": round(gb_s / need, 3),
+                     "au_one_emulated": au if au is None else round(au, 4)}
+    return out
+
+
+def summary_text(s: dict) -> str:
+    lines = [f"ingest through the DataLoader (steady state): {s['ingest_gb_per_s']:.2f} GB/s at "
+             f"{s['cpu_s_per_gb']:.2f} CPU-s/GB"]
+    for kind in STEP_S:
+        k = s[kind]
+        au = "n/a (one step)" if k["au_one_emulated"] is None else f"{k['au_one_emulated'] * 100:.1f}%"
+        lines.append(f"{kind}: one takes {k['gb_per_s_full_speed']:.2f} GB/s at full speed, "
+                     f"{k['gb_per_s_at_90_au']:.2f} at 90% AU ({k['vcpus_each']:.1f} vCPUs of this machine's); "
+                     f"fed here: {k['fed_at_90_au']:.2f} "
+                     f"emulated {kind.upper()}s at 90% AU; one emulated here: AU {au}")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m trainfeed.benchmarks.micro.mlperf_unet3d", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--samples", type=int, default=32, help="volumes (default 32: about 4.6 GB)")
-    parser.add_argument("--shape", default="128x128x128x17", help="one float32 volume (default: 143 MB)")
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes (default 2)")
-    parser.add_argument("--epochs", type=int, default=2, help="epochs of each kind (default 2)")
-    parser.add_argument("--io-concurrency", type=int, default=16, help="range requests in flight (default 16)")
-    parser.add_argument("--latency-ms", type=int, default=0, help="latency added to every request (default 0)")
-    args = parser.parse_args(argv)
-    args.shape = tuple(int(x) for x in args.shape.split("x"))
-    print(summary(run(args)), file=sys.stderr)
-
-
-if __name__ == "__main__":
-    main()
