@@ -10,9 +10,10 @@ from trainfeed.converters.convert import ConvertConfig, convert, default_workers
 from trainfeed.converters.errors import UsageError, exit_codes
 from trainfeed.converters.formats.options import WriteOptions, parse_size
 from trainfeed.converters.formats.registry import FORMATS, WRITABLE
+from trainfeed.converters.layout import CHANNELS
 from trainfeed.converters.progress import progress_bar
 from trainfeed.converters.redact import redact, redact_json
-from trainfeed.converters.sources.decode import ImageOptions, parse_resize
+from trainfeed.converters.sources.decode import ArrayOptions, ImageOptions, parse_resize
 from trainfeed.converters.sources.labels import labels_in_source
 from trainfeed.converters.storage.config import parse_storage_options
 
@@ -47,6 +48,10 @@ class ImageStorage(str, Enum):
     decoded = "decoded"
 
 
+#: ``--channels`` of convert, train and storage-bench.
+Channels = Enum("Channels", {c: c for c in CHANNELS}, type=str)  # type: ignore[misc]  # functional Enum API
+
+
 def _human_summary(s: dict, resized: bool = False, found: str | None = None) -> str:
     """The summary; ``resized``: --resize was given; ``found``: the labels CSV taken from SRC."""
     mb = 1e6
@@ -62,6 +67,16 @@ def _human_summary(s: dict, resized: bool = False, found: str | None = None) -> 
         + (" (no SRC/labels.csv, no class subfolders; `train` needs labels: add them with --labels CSV)"
            if s["labels"] == "none" else ""),
     ]
+    ragged = [f["name"] for f in s["fields"] if f["encoding"] == "raw" and f["shape"] is None]
+    if ragged:
+        lines.append(f"  ragged    {', '.join(ragged)}: each sample kept in its own shape (read with a --fit)")
+    if s["dtypes_found"] and len(s["dtypes_found"]) > 1:
+        lines.append(f"  dtype     {', '.join(s['dtypes_found'])} stored as {s['fields'][0]['dtype']} "
+                     "(--dtype auto: holds each exactly)")
+    if s["depth_changed"]:
+        lines.append(f"  depth     {s['depth_changed']:,} images stored at another bit depth than their own "
+                     "(--reduce-depth, --promote-depth)")
+    lines += [f"  warning   {w}" for w in s["warnings"]]
     if s.get("verified"):
         lines.append(f"  verified  {s['verified']['samples_checked']:,} samples identical to their source files"
                      + (" after the same decode and resize" if resized else ""))
@@ -105,8 +120,29 @@ def main_command(
                                    "resized: RGB or L (grayscale)."),
     reduce_depth: bool = typer.Option(False, "--reduce-depth", help="Take a 16-bit image that cannot keep its "
                                       "bits (a colour PNG decoded or resized, a grayscale one under --image-mode "
-                                      "RGB) at 8 bits per channel (each value's high byte) instead of refusing "
-                                      "it."),
+                                      "RGB) at 8 bits per channel instead of refusing it: greyscale scaled by the "
+                                      "image's own maximum (a 12-bit CT slice keeps 256 grey levels, not 16), "
+                                      "colour as Pillow decodes it (each value's high byte); the summary counts "
+                                      "the images changed."),
+    promote_depth: bool = typer.Option(False, "--promote-depth", help="With --image-mode L: store 8-bit greyscale "
+                                       "images as 16-bit (each value x 257, exact: value // 257 gives it back), so "
+                                       "a folder mixing 8- and 16-bit greyscale images keeps every bit (encoded: "
+                                       "they are re-encoded as 16-bit PNG); the summary counts the images changed."),
+    ragged: bool = typer.Option(False, "--ragged", help="Arrays (.npy, .npz): keep each sample in its own shape "
+                                "(stored beside it; docs/LAYOUT.md) instead of refusing a sample whose shape "
+                                "differs from the first one's. Reading batches them as you choose: --fit in "
+                                "train, fit= in the API."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="Arrays: store every sample as this numpy dtype "
+                                        "(e.g. int32 for int16 beside uint16 samples); a sample with a value the "
+                                        "dtype cannot hold exactly is refused, naming its file. auto (.npy): the "
+                                        "smallest dtype that holds every file's dtype exactly, found in their "
+                                        "headers first (one short read each). Default: the first sample's dtype, "
+                                        "and a sample of another is refused with the dtype that holds both."),
+    channels: Optional[Channels] = typer.Option(None, "--channels", help="Arrays: where the channel axis is, "
+                                                "recorded in the store: last (H, W, C) or (X, Y, Z, C), what "
+                                                "trainfeed's models take and the default; or first (C, H, W), "
+                                                "PyTorch's order, which `train` moves to the end. Without it, a "
+                                                "shape that looks channels-first gets a warning."),
     target_file_size: str = typer.Option("128MB", "--target-file-size", help="Approximate size of each output file "
                                          "(Parquet part, Delta file, HDF5 shard)."),
     row_group_size: str = typer.Option("32MB", "--row-group-size", help="Approximate uncompressed size of a Parquet "
@@ -173,7 +209,8 @@ def main_command(
                 tensor_column=tensor_column.value,
             ),
             image=ImageOptions(resize=parse_resize(resize), storage=image_storage.value, mode=image_mode.upper(),
-                               reduce_depth=reduce_depth),
+                               reduce_depth=reduce_depth, promote_depth=promote_depth),
+            arrays=ArrayOptions(ragged=ragged, dtype=dtype, channels=channels.value if channels else None),
             labels_csv=labels, folder_labels=not no_folder_labels,
             workers=workers or default_workers(src), on_error=on_error.value,
             verify=verify, optimize=optimize, vacuum_hours=vacuum_hours,

@@ -17,12 +17,13 @@ from trainfeed.converters.formats import delta
 from trainfeed.converters.formats.options import WriteOptions, WriteResult
 from trainfeed.converters.formats.registry import FORMATS, WRITABLE, check_compression
 from trainfeed.converters.interrupt import SafeInterrupts
-from trainfeed.converters.layout import DatasetSchema
+from trainfeed.converters.layout import CHANNELS, SUPPORTED_DTYPES, DatasetSchema, channels_warnings
 from trainfeed.converters.redact import redact_json, redact_url
-from trainfeed.converters.sources.decode import ImageOptions, Sample
+from trainfeed.converters.sources.decode import ArrayOptions, ImageOptions, Sample
+from trainfeed.converters.sources.dtypes import AUTO
 from trainfeed.converters.sources.labels import Labels, resolve_labels
 from trainfeed.converters.sources.listing import list_source
-from trainfeed.converters.sources.samples import SchemaGuard, load_sample, ordered_map
+from trainfeed.converters.sources.samples import SchemaGuard, load_sample, ordered_map, scan_dtype
 from trainfeed.converters.storage.location import Location, as_location, check_url, is_remote, locate
 from trainfeed.converters.verify import verify_store
 
@@ -39,6 +40,7 @@ class ConvertConfig:
     fmt: str
     write: WriteOptions = field(default_factory=WriteOptions)
     image: ImageOptions = field(default_factory=ImageOptions)
+    arrays: ArrayOptions = field(default_factory=ArrayOptions)
     labels_csv: str | None = None
     folder_labels: bool = True
     workers: int = 4
@@ -72,6 +74,12 @@ def check_config(cfg: ConvertConfig) -> None:
         raise UsageError(f"--vacuum-hours must be 0 or more, not {cfg.vacuum_hours}")
     if cfg.workers < 1:
         raise UsageError("--workers must be at least 1")
+    if cfg.arrays.dtype is not None and cfg.arrays.dtype not in (AUTO, *SUPPORTED_DTYPES):
+        raise UsageError(f"--dtype must be auto or one of {', '.join(SUPPORTED_DTYPES)}, not {cfg.arrays.dtype!r}")
+    if cfg.arrays.channels not in (None, *CHANNELS):
+        raise UsageError(f"--channels must be first or last, not {cfg.arrays.channels!r}")
+    if cfg.image.promote_depth and cfg.image.mode != "L":
+        raise UsageError("--promote-depth stores greyscale images at 16 bits: it needs --image-mode L")
 
 
 def _kind_of_labels(labeled: bool, label_map: dict | None) -> str:
@@ -122,10 +130,10 @@ class _Stream:
         self.progress = progress
         self.check_interrupt = check_interrupt
         self.existing_ids = existing_ids or set()
-        self.guard = SchemaGuard(listing.kind, cfg.image)
+        self.guard = SchemaGuard(listing.kind, cfg.image, arrays=cfg.arrays)
         self.rejects: list[dict] = []
         self.accepted: list[str] = []
-        self.files_done = self.bytes_in = self.payload_bytes = 0
+        self.files_done = self.bytes_in = self.payload_bytes = self.depth_changed = 0
         self._samples = self._validated()
 
     def _reject(self, err: SampleError, sample_id: str) -> None:
@@ -144,12 +152,13 @@ class _Stream:
                 try:
                     if result.id in self.existing_ids:
                         raise SampleError(src.path, f"id {result.id!r} is already in the Delta table")
-                    self.guard.check(src.path, result)
+                    result = self.guard.take(src.path, result)
                 except SampleError as err:
                     self._reject(err, src.id)
                 else:
                     self.accepted.append(result.id)
                     self.payload_bytes += result.nbytes
+                    self.depth_changed += result.depth_changed
                     yield result
             elif isinstance(result, SampleError):
                 self._reject(result, src.id)
@@ -323,6 +332,10 @@ def _convert(cfg: ConvertConfig, dst: Location, t0: float, progress: ProgressFn 
                              f"({len(labels.missing)} files without a label; --on-error skip converts the rest)")
     if on_listed:
         on_listed(len(listing.files))
+    dtypes_found = None
+    if cfg.arrays.dtype == AUTO:  # one dtype for all, found in the headers before a sample is written
+        dtype, dtypes_found = scan_dtype(fs, listing, cfg.src, cfg.workers)
+        cfg = replace(cfg, arrays=replace(cfg.arrays, dtype=dtype))
     # Delta overwrites and appends are commits to the table in place; the rest is staged.
     table = _existing_table(dst) if FORMATS[cfg.fmt].versioned and existing == cfg.fmt else None
     appending = table is not None and cfg.write.mode == "append"
@@ -343,7 +356,8 @@ def _convert(cfg: ConvertConfig, dst: Location, t0: float, progress: ProgressFn 
     # --verify: the written store (Path or Location) against its source
     def check(path: Path | Location, exact: bool) -> dict | None:
         return verify_store(path, cfg.fmt, fs=fs, listing=listing, labels=labels, image_opts=cfg.image,
-                            expected_ids=stream.accepted, exact=exact, workers=cfg.workers) if cfg.verify else None
+                            expected_ids=stream.accepted, exact=exact, workers=cfg.workers,
+                            arrays=cfg.arrays) if cfg.verify else None
 
     if table is not None:
         result, verified = _commit_to_table(dst, table.version, schema, batches, cfg.write,
@@ -384,6 +398,9 @@ def _convert(cfg: ConvertConfig, dst: Location, t0: float, progress: ProgressFn 
         "label_map": labels.label_map,
         "labels_unmatched": len(labels.unmatched),
         "ignored_files": len(listing.ignored),
+        "depth_changed": stream.depth_changed,
+        "dtypes_found": dtypes_found,
+        "warnings": channels_warnings(schema.fields),
         "fields": [f.to_dict() for f in schema.fields],
         "store_id": schema.store_id,
         "verified": verified,

@@ -16,7 +16,11 @@ import pyarrow as pa
 
 from trainfeed.converters.errors import UsageError
 
+#: The layout a store is written in: 2 for a store with ragged fields (each sample its own
+#: shape, in a shape column readers before it do not know), 1 for the rest.
 LAYOUT_VERSION = 1
+RAGGED_LAYOUT_VERSION = 2
+READABLE_LAYOUTS = (LAYOUT_VERSION, RAGGED_LAYOUT_VERSION)
 
 ID = "id"
 LABEL = "label"
@@ -28,6 +32,12 @@ FIELD_META = b"trainfeed.field"
 LABEL_MAP_META = b"trainfeed.label_map"
 #: Arrow schema-metadata key (Parquet footers) and HDF5 root attribute: the whole DatasetSchema.
 DATASET_META = "trainfeed"
+#: Suffix of the column (Parquet, Delta) or dataset (HDF5) holding each sample's shape of a ragged field.
+SHAPE_SUFFIX = "__shape"
+#: Arrow field-metadata key on a shape column: the field it gives the shapes of.
+SHAPE_OF_META = b"trainfeed.shape_of"
+#: The axis of a sample's channels, as ``convert --channels`` records it (None: not said; read as last).
+CHANNELS = ("last", "first")
 #: Manifest written beside Parquet parts and HDF5 shards; readers skip names starting with "_".
 MANIFEST = "_trainfeed.json"
 
@@ -45,16 +55,28 @@ SUPPORTED_DTYPES = (
 
 @dataclass(frozen=True)
 class FieldSpec:
-    """One tensor field: its numpy dtype, its shape (None when samples differ) and encoding."""
+    """One tensor field: its numpy dtype, its shape (None when samples differ: encoded images
+    of their own sizes, or a ragged raw field whose samples keep their own shapes), encoding
+    and, when the writer was told, the axis of its channels."""
 
     name: str
     dtype: str
     shape: tuple[int, ...] | None
     encoding: str = RAW
+    channels: str | None = None
 
     @property
     def is_raw(self) -> bool:
         return self.encoding == RAW
+
+    @property
+    def is_ragged(self) -> bool:
+        """Raw arrays of different shapes: each sample's shape is stored beside it."""
+        return self.is_raw and self.shape is None
+
+    @property
+    def shape_column(self) -> str:
+        return self.name + SHAPE_SUFFIX
 
     @property
     def sample_nbytes(self) -> int | None:
@@ -69,12 +91,14 @@ class FieldSpec:
             "dtype": self.dtype,
             "shape": None if self.shape is None else list(self.shape),
             "encoding": self.encoding,
+            **({"channels": self.channels} if self.channels else {}),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FieldSpec:
         shape = d.get("shape")
-        return cls(d["name"], d["dtype"], None if shape is None else tuple(shape), d.get("encoding", RAW))
+        return cls(d["name"], d["dtype"], None if shape is None else tuple(shape), d.get("encoding", RAW),
+                   d.get("channels"))
 
 
 @dataclass
@@ -102,8 +126,9 @@ class DatasetSchema:
         return [f.name for f in self.fields]
 
     def to_dict(self) -> dict[str, Any]:
+        ragged = any(f.is_ragged for f in self.fields)
         return {
-            "layout_version": LAYOUT_VERSION,
+            "layout_version": RAGGED_LAYOUT_VERSION if ragged else LAYOUT_VERSION,
             "fields": [f.to_dict() for f in self.fields],
             "labeled": self.labeled,
             "label_map": self.label_map,
@@ -119,8 +144,9 @@ class DatasetSchema:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DatasetSchema:
         version = d.get("layout_version")
-        if version != LAYOUT_VERSION:
-            raise ValueError(f"store layout version {version!r} is not supported (expected {LAYOUT_VERSION})")
+        if version not in READABLE_LAYOUTS:
+            raise ValueError(f"store layout version {version!r} is not supported (this trainfeed reads "
+                             f"{', '.join(map(str, READABLE_LAYOUTS))}): written by a newer trainfeed?")
         return cls(
             fields=[FieldSpec.from_dict(f) for f in d["fields"]],
             labeled=bool(d["labeled"]),
@@ -134,6 +160,21 @@ class DatasetSchema:
     @classmethod
     def from_json(cls, text: str | bytes) -> DatasetSchema:
         return cls.from_dict(json.loads(text))
+
+
+def looks_channels_first(shape: tuple[int, ...]) -> bool:
+    """A sample whose first axis (1-4) is smaller than every other while its last is larger
+    than 4: (1, 32, 32), (3, 224, 224), (1, 64, 64, 64); not (30, 30, 10, 10) nor (32, 32, 3)."""
+    return len(shape) >= 3 and shape[0] <= 4 and shape[-1] > 4 and min(shape[1:]) > shape[0]
+
+
+def channels_warnings(fields: list[FieldSpec]) -> list[str]:
+    """What a store's summary says of fields whose shape looks channels-first while no one said
+    where their channels are."""
+    return [f"field {f.name!r} holds samples of shape {f.shape}, which looks channels-first; trainfeed's models "
+            "read channels last unless the store says otherwise: convert with --channels first (or --channels "
+            "last to record that it is channels-last)"
+            for f in fields if f.is_raw and f.shape and f.channels is None and looks_channels_first(f.shape)]
 
 
 # ---------------------------------------------------------------- validation of a stored schema
@@ -183,6 +224,8 @@ def _field_problem(f: Any) -> str | None:
         return f"field {f['name']!r} has shape {shape!r}, not a list of sizes"
     if f.get("encoding", RAW) not in (RAW, IMAGE_BYTES):
         return f"field {f['name']!r} has encoding {f.get('encoding')!r}"
+    if f.get("channels") not in (None, *CHANNELS):
+        return f"field {f['name']!r} has channels {f.get('channels')!r} (first or last)"
     return None
 
 
@@ -206,6 +249,9 @@ def arrow_schema(schema: DatasetSchema, tensor_column: str = "binary") -> pa.Sch
     for spec in schema.fields:
         fields.append(pa.field(spec.name, _arrow_value_type(spec, tensor_column),
                                metadata={FIELD_META: json.dumps(spec.to_dict()).encode()}))
+        if spec.is_ragged:
+            fields.append(pa.field(spec.shape_column, pa.list_(pa.int64()),
+                                   metadata={SHAPE_OF_META: spec.name.encode()}))
     return pa.schema(fields, metadata={DATASET_META: schema.to_json()})
 
 
@@ -217,7 +263,7 @@ def schema_from_arrow(arrow: pa.Schema) -> DatasetSchema:
     # Delta keeps field metadata but not schema metadata: rebuild from the fields.
     specs = []
     for f in arrow:
-        if f.name in RESERVED:
+        if f.name in RESERVED or SHAPE_OF_META in (f.metadata or {}):
             continue
         fmeta = f.metadata or {}
         if FIELD_META not in fmeta:
@@ -253,6 +299,8 @@ def to_record_batch(samples: list, schema: DatasetSchema, arrow: pa.Schema) -> p
             columns.append(_binary_column([_le(v).reshape(-1).view(np.uint8) for v in vals]))
         else:
             columns.append(pa.array(vals, pa.binary()))
+        if spec.is_ragged:
+            columns.append(pa.array([list(v.shape) for v in vals], pa.list_(pa.int64())))
     return pa.RecordBatch.from_arrays(columns, schema=arrow)
 
 
@@ -268,9 +316,20 @@ def _binary_column(chunks: list[np.ndarray]) -> pa.Array:
     return pa.Array.from_buffers(pa.binary(), len(chunks), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
-def decode_tensor(value: bytes, spec: FieldSpec) -> np.ndarray:
-    """A ``binary`` tensor value -> ndarray of the field's dtype and shape (read-only view)."""
-    return np.frombuffer(value, dtype=np.dtype(spec.dtype).newbyteorder("<")).reshape(spec.shape)
+def decode_tensor(value: bytes, spec: FieldSpec, shape: tuple[int, ...] | None = None) -> np.ndarray:
+    """A ``binary`` tensor value -> ndarray of the field's dtype and shape (``shape``: the
+    sample's own, for a ragged field) (read-only view)."""
+    return np.frombuffer(value, dtype=np.dtype(spec.dtype).newbyteorder("<")).reshape(
+        spec.shape if spec.shape is not None else shape)
+
+
+def ragged_values(flat: list[np.ndarray], shapes: list[list[int]], dtype: str) -> np.ndarray:
+    """A ragged field's samples as an object array (one ndarray of its own shape per row) from
+    each one's flattened values and its shape."""
+    out = np.empty(len(flat), object)
+    for i, (values, shape) in enumerate(zip(flat, shapes)):
+        out[i] = _native(values).astype(dtype, copy=False).reshape(shape)
+    return out
 
 
 def from_record_batch(batch: pa.RecordBatch | pa.Table, schema: DatasetSchema) -> list[tuple[str, int | None, dict]]:
@@ -282,7 +341,9 @@ def from_record_batch(batch: pa.RecordBatch | pa.Table, schema: DatasetSchema) -
         col = batch.column(spec.name)
         if isinstance(col, pa.ChunkedArray):
             col = col.combine_chunks()
-        if spec.is_raw and pa.types.is_binary(col.type):
+        if spec.is_ragged:
+            decoded[spec.name] = list(ragged_column(col, batch.column(spec.shape_column), spec))
+        elif spec.is_raw and pa.types.is_binary(col.type):
             decoded[spec.name] = [_native(decode_tensor(v, spec)) for v in col.to_pylist()]
         elif spec.is_raw:
             flat = col.flatten().to_numpy(zero_copy_only=False)
@@ -296,6 +357,26 @@ def from_record_batch(batch: pa.RecordBatch | pa.Table, schema: DatasetSchema) -
     return [
         (ids[i], labels[i], {name: vals[i] for name, vals in decoded.items()}) for i in range(len(ids))
     ]
+
+
+def ragged_column(col: pa.Array | pa.ChunkedArray, shapes: pa.Array | pa.ChunkedArray, spec: FieldSpec) -> np.ndarray:
+    """A ragged field's column (binary or list) and its shape column -> an object array of
+    ndarrays, each in its own shape."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    dims = shapes.to_pylist()
+    le = np.dtype(spec.dtype).newbyteorder("<")
+    if pa.types.is_binary(col.type):
+        flat = [np.frombuffer(v, dtype=le) if v is not None else np.empty(0, le) for v in col.to_pylist()]
+    else:
+        values = col.flatten().to_numpy(zero_copy_only=False)
+        offsets = col.offsets.to_numpy()
+        flat = [values[offsets[i] - offsets[0]:offsets[i + 1] - offsets[0]] for i in range(len(col))]
+    for i, (values, shape) in enumerate(zip(flat, dims)):
+        if shape is None or len(values) != int(np.prod(shape, dtype=np.int64)):
+            raise ValueError(f"field {spec.name!r}, row {i}: {len(values)} values do not fill shape {shape}: "
+                             "the store is damaged or was modified")
+    return ragged_values(flat, dims, spec.dtype)
 
 
 def _native(arr: np.ndarray) -> np.ndarray:

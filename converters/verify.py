@@ -8,7 +8,14 @@ import numpy as np
 
 from trainfeed.converters.errors import VerifyError
 from trainfeed.converters.formats.registry import FORMATS
-from trainfeed.converters.sources.decode import IMAGE_FIELD, ImageOptions, Sample, exact_pixels
+from trainfeed.converters.sources.decode import (
+    IMAGE_FIELD,
+    ArrayOptions,
+    ImageOptions,
+    Sample,
+    exact_pixels,
+)
+from trainfeed.converters.sources.dtypes import lossless_cast
 from trainfeed.converters.sources.labels import Labels
 from trainfeed.converters.sources.listing import IMAGE, Listing, SourceFile, read_bytes
 from trainfeed.converters.sources.samples import load_sample, ordered_map
@@ -24,15 +31,23 @@ def same_value(a, b) -> bool:
     return bytes(a) == bytes(b)
 
 
-def reference_sample(fs, kind: str, src: SourceFile, labels: Labels, image_opts: ImageOptions) -> Sample:
-    """The sample the store must hold for ``src``, read again from the source. Images stored
-    decoded and not resized are compared with the file's exact pixels, decoded apart from the
-    conversion's own path: a step there that loses bits (8-bit clipping of a 16-bit PNG) shows."""
-    if kind != IMAGE or image_opts.storage != "decoded" or image_opts.resize is not None:
+def reference_sample(fs, kind: str, src: SourceFile, labels: Labels, image_opts: ImageOptions,
+                     arrays: ArrayOptions = ArrayOptions()) -> Sample:
+    """The sample the store must hold for ``src``, read again from the source (arrays in the
+    ``--dtype`` they were stored in). Images stored decoded and not resized are compared with the
+    file's exact pixels, decoded apart from the conversion's own path: a step there that loses
+    bits (8-bit clipping of a 16-bit PNG) shows."""
+    if kind != IMAGE:
+        sample = load_sample(fs, kind, src, labels, image_opts)
+        if arrays.dtype is not None:
+            sample.fields = {k: lossless_cast(src.path, k, v, arrays.dtype) if isinstance(v, np.ndarray) else v
+                             for k, v in sample.fields.items()}
+        return sample
+    if image_opts.storage != "decoded" or image_opts.resize is not None:
         return load_sample(fs, kind, src, labels, image_opts)
     data = read_bytes(fs, src)
-    return Sample(src.id, labels.get(src.id), {IMAGE_FIELD: exact_pixels(src.path, data, image_opts.mode,
-                                                                          image_opts.reduce_depth)}, len(data))
+    pixels = exact_pixels(src.path, data, image_opts.mode, image_opts.reduce_depth, image_opts.promote_depth)
+    return Sample(src.id, labels.get(src.id), {IMAGE_FIELD: pixels}, len(data))
 
 
 def _chunks(it: Iterator, n: int) -> Iterator[list]:
@@ -41,7 +56,8 @@ def _chunks(it: Iterator, n: int) -> Iterator[list]:
 
 
 def verify_store(path, fmt: str, *, fs, listing: Listing, labels: Labels, image_opts: ImageOptions,
-                 expected_ids: list[str], exact: bool = True, workers: int = 4) -> dict:
+                 expected_ids: list[str], exact: bool = True, workers: int = 4,
+                 arrays: ArrayOptions = ArrayOptions()) -> dict:
     """Raise VerifyError unless every expected id is in the store exactly once with its source's
     label and values. ``exact`` also forbids other rows (False for Delta appends)."""
     by_id = {f.id: f for f in listing.files}
@@ -52,8 +68,8 @@ def verify_store(path, fmt: str, *, fs, listing: Listing, labels: Labels, image_
     for chunk in _chunks(FORMATS[fmt].read_samples(path), 64):
         mine = [row for row in chunk if row[0] in expected]
         other_rows += len(chunk) - len(mine)
-        sources = ordered_map(lambda row: reference_sample(fs, listing.kind, by_id[row[0]], labels, image_opts), mine,
-                              workers)
+        sources = ordered_map(lambda row: reference_sample(fs, listing.kind, by_id[row[0]], labels, image_opts,
+                                                           arrays), mine, workers)
         for (sid, label, fields), src in zip(mine, sources):
             if sid in seen:
                 problems.append(f"{sid}: stored more than once")

@@ -10,7 +10,7 @@ from trainfeed.converters.convert import convert as _convert
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.formats.options import WriteOptions, parse_size
 from trainfeed.converters.formats.registry import FORMATS
-from trainfeed.converters.sources.decode import ImageOptions
+from trainfeed.converters.sources.decode import ArrayOptions, ImageOptions
 
 WritableFormat = Literal["parquet", "delta", "hdf5"]
 Mode = Literal["create", "overwrite", "append"]
@@ -40,6 +40,9 @@ class ConvertResult:
     label_map: dict[str, int] | None
     labels_unmatched: int
     ignored_files: int
+    depth_changed: int  # images taken at another bit depth (reduce_depth, promote_depth)
+    dtypes_found: list[str] | None  # dtype="auto": the files' dtypes, stored as the fields' dtype
+    warnings: list[str]  # what the caller should look at (a shape that looks channels-first)
     fields: list[dict[str, Any]]
     store_id: str
     verified: dict[str, Any] | None
@@ -58,8 +61,9 @@ def convert(src: str, dst: str, *, format: WritableFormat, labels: str | None = 
             target_file_size: int | str = "128MB", row_group_size: int | str = "32MB",
             hdf5_chunk_size: int | str = "1MB", tensor_column: Literal["binary", "list"] = "binary",
             resize: tuple[int, int] | None = None, image_storage: Literal["encoded", "decoded"] = "encoded",
-            image_mode: Literal["RGB", "L"] = "RGB", reduce_depth: bool = False, folder_labels: bool = True,
-            workers: int | None = None,
+            image_mode: Literal["RGB", "L"] = "RGB", reduce_depth: bool = False, promote_depth: bool = False,
+            ragged: bool = False, dtype: str | None = None, channels: Literal["first", "last"] | None = None,
+            folder_labels: bool = True, workers: int | None = None,
             on_error: Literal["fail", "skip"] = "fail", verify: bool = False) -> ConvertResult:
     """Convert the small files at ``src`` (a folder or fsspec URL) into a ``format`` store at ``dst``.
 
@@ -81,7 +85,8 @@ def convert(src: str, dst: str, *, format: WritableFormat, labels: str | None = 
         hdf5_chunk_size=parse_size(hdf5_chunk_size, "hdf5_chunk_size"), mode=mode, tensor_column=tensor_column)
     cfg = ConvertConfig(src=src, dst=dst, fmt=format, write=write,
                         image=ImageOptions(resize=resize, storage=image_storage, mode=image_mode,
-                                           reduce_depth=reduce_depth),
+                                           reduce_depth=reduce_depth, promote_depth=promote_depth),
+                        arrays=ArrayOptions(ragged=ragged, dtype=dtype, channels=channels),
                         labels_csv=labels or (labels_in_source(src, dict(storage_options or {})) if folder_labels
                                               else None),
                         folder_labels=folder_labels, workers=workers or default_workers(src),
@@ -100,7 +105,9 @@ _API_WORDS = (("pass --overwrite", 'pass mode="overwrite"'), ("or --mode append"
               ("--no-folder-labels", "folder_labels=False"), ("--labels CSV", "labels=CSV"),
               ("--on-error skip", 'on_error="skip"'), ("--resize HxW", "resize=(H, W)"),
               ("--reduce-depth", "reduce_depth=True"), ("--image-mode L", 'image_mode="L"'),
-              ("--image-storage encoded", 'image_storage="encoded"'), ("no --resize", "no resize"))
+              ("--image-storage encoded", 'image_storage="encoded"'), ("no --resize", "no resize"),
+              ("--promote-depth", "promote_depth=True"), ("--ragged", "ragged=True"), ("--dtype ", "dtype="),
+              ("--channels first", 'channels="first"'), ("--channels last", 'channels="last"'))
 
 
 def in_api_words(message: str) -> str:

@@ -45,7 +45,8 @@ class Store:
 
     @property
     def shape(self) -> tuple[int, ...] | None:
-        """One sample's shape as ``batches()`` delivers it (encoded images: decoded, (H, W, C))."""
+        """One sample's shape as ``batches()`` delivers it (encoded images: decoded, (H, W, C);
+        arrays: the ``fit``'s shape when one is given; None for a ragged store without one)."""
         spec = self.reader.sample_spec
         return None if spec.shape is None else tuple(spec.shape)
 
@@ -68,7 +69,7 @@ class Store:
                 workers: int = 2, pool: Pool = "arrow", shuffle_buffer: int = 256, rank: int = 0,
                 world_size: int = 1, global_batch_size: int | None = None, lanes: int | None = None,
                 augment: bool = False) -> Iterator[Batch]:
-        """One epoch of ``Batch(x, y, ids, padding)`` in an order fixed by ``seed`` and ``epoch``,
+        """One epoch of ``Batch(x, y, ids, padding, shapes)`` in an order fixed by ``seed`` and ``epoch``,
         from batch ``start_batch`` on (earlier batches are not read). ``rank`` of ``world_size``:
         this reader's part of each global batch of ``global_batch_size`` (default ``batch_size`` x
         ``world_size``); the samples of global batch k do not depend on the world size, and every
@@ -97,7 +98,7 @@ def open_store(uri: str, *, options: OpenOptions | None = None, version: int | N
                storage_options: Mapping[str, str] | None = None, format: Format | None = None,
                field: str | None = None, labels: str | None = None,
                io_concurrency: int = 8, cache_dir: str | None = None, cache_limit: int = 10 * 10**9,
-               image_size: tuple[int, int] | None = None, tensor_column: str | None = None,
+               image_size: tuple[int, int] | None = None, fit: str | None = None, tensor_column: str | None = None,
                shape: str | tuple[int, ...] | None = None, dtype: str | None = None, label_column: str | None = None,
                id_column: str | None = None, tensor_encoding: Encoding | None = None) -> Store:
     """Open the store at ``uri`` (a local path or a URL: abfs://, az://, abfss://, s3://, gs://):
@@ -105,7 +106,11 @@ def open_store(uri: str, *, options: OpenOptions | None = None, version: int | N
     tensor ``field`` (default: the first); ``labels`` is a CSV (id,label) for a folder of small
     files. On object storage, ``io_concurrency`` range requests are in flight, and ``cache_dir``
     (at most ``cache_limit`` bytes) keeps what is read for later epochs. Encoded images are
-    decoded to ``image_size`` (height, width; default: the store's size).
+    decoded to ``image_size`` (height, width; default: the store's size). Arrays of different
+    shapes (a store converted with ``ragged=True``, or a folder of small files that mixes shapes)
+    are batched as ``fit`` says: ``"pad:SHAPE"``, ``"crop:SHAPE"`` or ``"resize:SHAPE"`` (e.g.
+    ``"pad:64x64"``; ``Batch.shapes`` holds each sample's own shape); without one, a ragged store's
+    ``Batch.x`` is an object array holding each sample in its own shape.
 
     A Parquet or Delta table another tool wrote is read when ``tensor_column`` names its tensor
     column: ``shape`` (a tuple or "30x30x10x10") and ``dtype`` (default float32) of one sample,
@@ -116,6 +121,6 @@ def open_store(uri: str, *, options: OpenOptions | None = None, version: int | N
     ``TrainfeedError`` naming the problem (``UsageError`` for options that do not fit together)."""
     opts = merge_options(OpenOptions, options, dict(
         version=version, field=field, labels=labels, storage_options=dict(storage_options or {}),
-        io_concurrency=io_concurrency, cache_dir=cache_dir, cache_limit=cache_limit, image_size=image_size,
+        io_concurrency=io_concurrency, cache_dir=cache_dir, cache_limit=cache_limit, image_size=image_size, fit=fit,
         foreign=foreign_schema(tensor_column, shape, dtype, label_column, id_column, tensor_encoding)))
     return Store(readers.open_store(uri, format, opts))

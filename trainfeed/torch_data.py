@@ -45,7 +45,8 @@ class TorchDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
     is filled with the epoch's first samples again (``padding(k)`` says how many). Each batch
     is ``(x, y)``: x of the stored dtype, shape (batch_size, *sample shape); y int64 labels (-1
     for unlabeled samples). Encoded images are decoded (``augment``: random resized crop and
-    flip, as ``Store.batches``).
+    flip, as ``Store.batches``). Arrays of different shapes need a ``fit`` (``open_store(uri,
+    fit=...)``, or ``fit=`` here with a URL): batches are then of the fit's shape.
 
     Call ``set_epoch(e)`` before each epoch. ``state_dict(n)``, after ``n`` batches of the epoch
     (counted from the epoch's start: ``enumerate(loader, start=ds.start_batch)``), and
@@ -61,7 +62,8 @@ class TorchDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
     def __init__(self, store: Store | str, *, options: EpochOptions | None = None, batch_size: int = 32,
                  global_batch_size: int | None = None, lanes: int | None = None, shuffle: bool = True,
                  seed: int = 0, drop_last: bool = False, workers: int = 2, pool: Pool = "arrow",
-                 shuffle_buffer: int = 256, storage_options: dict[str, str] | None = None, augment: bool = False):
+                 shuffle_buffer: int = 256, storage_options: dict[str, str] | None = None, fit: str | None = None,
+                 augment: bool = False):
         base = epoch_options(options, batch_size=batch_size, global_batch_size=global_batch_size, lanes=lanes,
                              shuffle=shuffle, seed=seed, drop_last=drop_last, workers=workers, pool=pool,
                              shuffle_buffer=shuffle_buffer, augment=augment)
@@ -73,7 +75,14 @@ class TorchDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
             raise UsageError(f"pool={base.pool!r}: Petastorm's pools read whole row groups per rank, in their own "
                              "order; global_batch_size needs the default pool, arrow")
         self._base = base
-        self.store = store if isinstance(store, Store) else open_store(store, storage_options=storage_options)
+        if isinstance(store, Store) and fit is not None:
+            raise UsageError("fit= applies to a store TorchDataset opens from a URL; open this one with "
+                             "open_store(uri, fit=...)")
+        self.store = store if isinstance(store, Store) else open_store(store, storage_options=storage_options, fit=fit)
+        if self.store.shape is None:
+            raise UsageError(f"{self.store.uri}: samples of different shapes; batches need one: open it with a fit, "
+                             "fit='pad:SHAPE', 'crop:SHAPE' or 'resize:SHAPE' (e.g. 'pad:64x64'); Store.batches() "
+                             "without one gives each sample in its own shape")
         # [epoch, first batch of that epoch where the next iteration starts], seen by worker processes
         self._position = torch.zeros(2, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         self._pid = os.getpid()  # the training process: it allocates the batch slots

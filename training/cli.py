@@ -8,6 +8,7 @@ from typing import List, Optional
 
 import typer
 
+from trainfeed.converters.cli import Channels
 from trainfeed.converters.errors import exit_codes
 from trainfeed.converters.formats.foreign import ENCODINGS, foreign_schema
 from trainfeed.converters.formats.options import parse_size
@@ -173,6 +174,16 @@ def main_command(
                                              "folders: decode every image to HEIGHTxWIDTH, e.g. 64x64. Default: the "
                                              "store's size (its --resize), else the first image's; needed when the "
                                              "images differ in size."),
+    fit: Optional[str] = typer.Option(None, "--fit", help="Arrays of different shapes (a store converted with "
+                                      "--ragged, or a folder mixing shapes) batched as one shape: pad:SHAPE "
+                                      "(zeros at each axis's end; a larger sample is refused), crop:SHAPE (the "
+                                      "centre, padded where shorter) or resize:SHAPE (linear), e.g. pad:64x64x1. "
+                                      "A sample with fewer axes gets leading axes of 1."),
+    channels: Optional[Channels] = typer.Option(None, "--channels", help="Where a sample's channel axis is: last "
+                                                "(H, W, C), (X, Y, Z, C), the default, or first (C, H, W), moved "
+                                                "to the end for the model. Default: what the store records "
+                                                "(convert --channels); a shape that looks channels-first with "
+                                                "nothing recorded is refused until you say which."),
     augment: bool = typer.Option(True, "--augment/--no-augment", help="Encoded images: random resized crop (25-100% "
                                  "of the area, aspect 3/4 to 4/3) and horizontal flip of every training image, drawn "
                                  "from (--seed, epoch, sample id), so any --workers gives the same batches. Never "
@@ -219,7 +230,8 @@ def main_command(
             delta_version=delta_version, labels_csv=labels, field_name=field, shuffle_buffer=shuffle_buffer,
             warmup_steps=warmup_steps, storage_options=parse_storage_options(storage_option), progress=progress,
             io_concurrency=io_concurrency, cache_dir=cache_dir, cache_limit=parse_size(cache_limit, "--cache-limit"),
-            image_size=parse_resize(image_size, "--image-size"), augment=augment, data_service=data_service,
+            image_size=parse_resize(image_size, "--image-size"), fit=fit,
+            channels=channels.value if channels else None, augment=augment, data_service=data_service,
             foreign=foreign_schema(tensor_column, shape, dtype.value if dtype else None, label_column, id_column,
                                    tensor_encoding.value if tensor_encoding else None),
             cli=True,

@@ -11,6 +11,8 @@ from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.formats.foreign import ForeignSchema
 from trainfeed.converters.formats.options import OpenOptions
 from trainfeed.converters.formats.registry import FORMATS
+from trainfeed.converters.layout import CHANNELS
+from trainfeed.training.reading.fitting import Fit
 from trainfeed.training.reading.store import EpochOptions
 from trainfeed.training.tensorflow_env import import_tensorflow
 
@@ -60,6 +62,8 @@ class TrainConfig:
     cache_dir: str | None = None  # ... and where to keep what epoch 1 read
     cache_limit: int = 10 * 10**9
     image_size: tuple[int, int] | None = None  # encoded images: (H, W) to decode to; default: the store's size
+    fit: str | None = None  # arrays of different shapes: pad:SHAPE | crop:SHAPE | resize:SHAPE (fitting.py)
+    channels: str | None = None  # where a sample's channel axis is: first | last; None: as the store says, else last
     augment: bool = True  # encoded images: random resized crop + horizontal flip while training (not evaluating)
     data_service: str | None = None  # grpc://HOST:PORT of a tf.data service dispatcher: input runs on its workers
     foreign: ForeignSchema | None = None  # --data is a table another tool wrote: its columns (--tensor-column ...)
@@ -76,7 +80,7 @@ class TrainConfig:
         return OpenOptions(version=self.delta_version, field=self.field_name, labels=self.labels_csv,
                            storage_options=self.storage_options, io_concurrency=self.io_concurrency,
                            cache_dir=self.cache_dir, cache_limit=self.cache_limit, image_size=self.image_size,
-                           foreign=self.foreign)
+                           fit=self.fit, foreign=self.foreign)
 
     def epoch_options(self, rank: int = 0, world_size: int = 1) -> EpochOptions:
         """How rank ``rank`` of ``world_size`` reads an epoch: the one place these fields become an
@@ -123,6 +127,10 @@ def check(cfg: TrainConfig) -> None:
     if cfg.image_size is not None and not (len(cfg.image_size) == 2 and all(
             isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in cfg.image_size)):
         raise UsageError(f"--image-size must be two positive integers (height, width), not {cfg.image_size!r}")
+    if cfg.channels not in (None, *CHANNELS):
+        raise UsageError(f"--channels must be first or last, not {cfg.channels!r}")
+    if cfg.fit is not None:
+        Fit.parse(cfg.fit)
     if cfg.data_service is not None:
         check_data_service(cfg)
     if cfg.warmup_steps < 0:

@@ -30,7 +30,16 @@ from trainfeed.converters.formats.options import (
     check_declared_rows,
     pick_field,
 )
-from trainfeed.converters.layout import DATASET_META, ID, LABEL, MANIFEST, DatasetSchema, checked_schema
+from trainfeed.converters.layout import (
+    DATASET_META,
+    ID,
+    LABEL,
+    MANIFEST,
+    DatasetSchema,
+    FieldSpec,
+    checked_schema,
+    ragged_values,
+)
 from trainfeed.converters.sources.decode import Sample
 from trainfeed.converters.storage.fetch import Blocks, Fetcher, RangeFile, open_fetcher
 from trainfeed.converters.storage.location import Location, as_location
@@ -140,7 +149,7 @@ def read_samples(path: Where, storage_options: dict[str, Any] | None = None) -> 
         h5 = handles.get(f) or handles.setdefault(f, opener.open(f)[0])
         ids = [x.decode() if isinstance(x, bytes) else x for x in h5[ID][start:stop]]
         labels = h5[LABEL][start:stop].tolist() if schema.labeled else [None] * len(ids)
-        cols = {spec.name: h5[spec.name][start:stop] for spec in schema.fields}
+        cols = {spec.name: _field_slice(h5, spec, start, stop) for spec in schema.fields}
         for i, sid in enumerate(ids):
             yield sid, labels[i], {spec.name: (cols[spec.name][i] if spec.is_raw else cols[spec.name][i].tobytes())
                                    for spec in schema.fields}
@@ -149,6 +158,15 @@ def read_samples(path: Where, storage_options: dict[str, Any] | None = None) -> 
 
 
 # ------------------------------------------------------------------ read side
+
+def _field_slice(h5: Any, spec: FieldSpec, start: int, stop: int) -> np.ndarray:
+    """Rows ``start:stop`` of a field as h5py reads them; a ragged field's samples each in its shape."""
+    if spec.is_ragged:
+        return ragged_values(list(h5[spec.name][start:stop]), [s.tolist() for s in h5[spec.shape_column][start:stop]],
+                             spec.dtype)
+    values: np.ndarray = h5[spec.name][start:stop]
+    return values
+
 
 def list_pieces(path: Where, options: OpenOptions) -> Pieces:
     """Chunk-aligned slices of every file (whole chunks, >= MIN_PIECE_ROWS samples each),
@@ -173,7 +191,7 @@ def list_pieces(path: Where, options: OpenOptions) -> Pieces:
                 piece = (f, start, min(n, start + step))
                 pieces.append(piece)
                 rows.append(piece[2] - start)
-                if remote is not None and spec.is_raw:
+                if remote is not None and spec.is_raw and not spec.is_ragged:  # vlen rows live on the heap
                     lo, hi = _slice_span(ds, start, piece[2])
                     if hi > lo:
                         spans[piece] = (max(0, lo), min(remote.size, hi))
@@ -187,7 +205,8 @@ def list_pieces(path: Where, options: OpenOptions) -> Pieces:
 
 def _rows_in(h5: Any, path: str, schema: DatasetSchema) -> int:
     """Samples in one HDF5 file: every dataset (id, label, each field) must hold the same number."""
-    names = [ID, *([LABEL] if schema.labeled else []), *schema.field_names]
+    names = [ID, *([LABEL] if schema.labeled else []), *schema.field_names,
+             *(f.shape_column for f in schema.fields if f.is_ragged)]
     missing = [n for n in names if n not in h5]
     if missing:
         raise TrainfeedError(f"{path}: no dataset {missing[0]!r} in this file: not a complete trainfeed HDF5 store")
@@ -232,8 +251,8 @@ def read_piece(listing: Pieces, piece: tuple[str, int, int], handles: dict[Any, 
     ids = [x.decode() if isinstance(x, bytes) else x for x in h5[ID][start:stop]]
     y = h5[LABEL][start:stop].astype(np.int64, copy=False) if listing.schema.labeled \
         else np.full(stop - start, -1, np.int64)
-    if not listing.spec.is_raw:
-        return Columns(ids, y, ds[start:stop])
+    if not listing.spec.is_raw or listing.spec.is_ragged:
+        return Columns(ids, y, _field_slice(h5, listing.spec, start, stop))
     stop = min(stop, ds.shape[0])  # a file cut short reads short, as a slice would (readers check the count)
     x = empty((max(0, stop - start), *ds.shape[1:]), ds.dtype)
     if len(x):

@@ -153,6 +153,12 @@ class _File:
                               chunks=(64,), **_compression(opts))
             h5[spec.name].attrs["encoding"] = spec.encoding
             return
+        if spec.is_ragged:  # each sample flattened, its shape beside it (docs/LAYOUT.md)
+            h5.create_dataset(spec.name, shape=(0,), maxshape=(None,), dtype=h5py.vlen_dtype(np.dtype(spec.dtype)),
+                              chunks=(64,), **_compression(opts))
+            h5.create_dataset(spec.shape_column, shape=(0,), maxshape=(None,), dtype=h5py.vlen_dtype(np.int64),
+                              chunks=(4096,))
+            return
         shape, nbytes = spec.shape, spec.sample_nbytes
         assert shape is not None and nbytes is not None  # a raw field has one shape (the schema guard's rule)
         per_chunk = max(1, opts.hdf5_chunk_size // max(1, nbytes))
@@ -167,7 +173,10 @@ class _File:
             columns[LABEL] = np.array([s.label for s in batch], dtype=np.int64)
         for spec in self.schema.fields:
             vals = [s.fields[spec.name] for s in batch]
-            if spec.is_raw:
+            if spec.is_ragged:
+                columns[spec.name] = _objects([np.asarray(v).reshape(-1) for v in vals])
+                columns[spec.shape_column] = _objects([np.array(np.shape(v), np.int64) for v in vals])
+            elif spec.is_raw:
                 columns[spec.name] = np.stack(vals)
             else:
                 col = np.empty(len(vals), dtype=object)
@@ -177,9 +186,9 @@ class _File:
         for name, values in columns.items():
             ds = h5[name]
             ds.resize(n1, axis=0)
-            if h5py.check_vlen_dtype(ds.dtype) == np.uint8:
-                # encoded images: h5py's slice assignment takes byte strings of one length
-                # for a 2-D array and refuses them; write_direct keeps them one per sample
+            if isinstance(h5py.check_vlen_dtype(ds.dtype), np.dtype):
+                # encoded images, ragged arrays: h5py's slice assignment takes arrays of one
+                # length for a 2-D array and refuses them; write_direct keeps them one per sample
                 ds.write_direct(values, dest_sel=np.s_[n0:n1])
             else:
                 ds[n0:n1] = values
@@ -200,6 +209,13 @@ class _File:
                     handle.close()
         if self.sink is not None:
             self.sink.check()
+
+
+def _objects(values: list[np.ndarray]) -> np.ndarray:
+    """A 1-D object array of arrays (np.array would stack arrays of one length into 2-D)."""
+    out = np.empty(len(values), object)
+    out[:] = values
+    return out
 
 
 def write(path: str | os.PathLike[str], schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,

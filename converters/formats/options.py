@@ -69,6 +69,7 @@ class OpenOptions:
     cache_dir: str | None = None  # keep what is read here (a local folder), so that later epochs read local disk
     cache_limit: int = 10 * 10**9  # bytes the cache may hold
     image_size: tuple[int, int] | None = None  # encoded images: (height, width) to decode to; None: the store's size
+    fit: str | None = None  # arrays: one shape for every sample, pad:SHAPE | crop:SHAPE | resize:SHAPE (fitting.py)
     foreign: ForeignSchema | None = None  # a Parquet/Delta table another tool wrote: its columns and tensor encoding
 
 
@@ -119,11 +120,14 @@ class Pieces:
 
 @dataclass
 class Columns:
-    """One piece read: ids, labels (int64, -1 where unlabeled) and the tensor field, (n, *shape)."""
+    """One piece read: ids, labels (int64, -1 where unlabeled) and the tensor field, (n, *shape)
+    (a ragged field: an object array of arrays, each in its own shape); once fitted to one shape,
+    each sample's own (``shapes``, (n, ndim))."""
 
     ids: list[str]
     labels: np.ndarray
     x: np.ndarray
+    shapes: np.ndarray | None = None
 
 
 def pick_field(schema: DatasetSchema, name: str | None, path: object) -> FieldSpec:

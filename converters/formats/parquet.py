@@ -40,6 +40,7 @@ from trainfeed.converters.layout import (
     FieldSpec,
     arrow_schema,
     from_record_batch,
+    ragged_column,
     to_record_batch,
 )
 from trainfeed.converters.sources.decode import Sample
@@ -309,14 +310,19 @@ def piece_span(listing: Pieces, piece: tuple[str, int]) -> tuple[str, int, int] 
     if remote is None:
         return None
     f, rg = piece
-    return (f, *row_group_span(remote.footers[f], rg, [ID, LABEL, listing.spec.name]))
+    return (f, *row_group_span(remote.footers[f], rg, piece_columns(listing.spec)))
+
+
+def piece_columns(spec: FieldSpec) -> list[str]:
+    """The columns a piece's read takes: ids, labels, the field and (ragged) its shapes."""
+    return [ID, LABEL, spec.name, *([spec.shape_column] if spec.is_ragged else [])]
 
 
 def read_piece(listing: Pieces, piece: tuple[str, int], handles: dict[Any, Any], empty: Empty = np.empty) -> Columns:
     """One row group; a binary tensor column becomes a zero-copy view of its data buffer (all
     values have the same length, so the buffer is the stacked tensors). ``handles``: open
     files kept by the caller (one dict per reading thread). ``empty``: unused (Arrow allocates)."""
-    return table_columns(read_row_group(listing, piece, [ID, LABEL, listing.spec.name], handles), listing.spec)
+    return table_columns(read_row_group(listing, piece, piece_columns(listing.spec), handles), listing.spec)
 
 
 def read_row_group(listing: Pieces, piece: tuple[str, int], columns: list[str], handles: dict[Any, Any]) -> pa.Table:
@@ -331,9 +337,10 @@ def table_columns(table: pa.Table, spec: FieldSpec) -> Columns:
     col = chunked.chunk(0) if chunked.num_chunks == 1 else chunked.combine_chunks()
     n = len(col)
     x: np.ndarray
-    # a raw tensor field's shape is fixed; were it None, unpacking it raises TypeError as before
-    shape = cast("tuple[int, ...]", spec.shape)
-    if not spec.is_raw:  # encoded images: one bytes value per row (training/reading/images.py decodes them)
+    shape = cast("tuple[int, ...]", spec.shape)  # fixed, but for ragged fields and images
+    if spec.is_ragged:  # an object array: each sample in its own shape
+        x = ragged_column(col, table.column(spec.shape_column), spec)
+    elif not spec.is_raw:  # encoded images: one bytes value per row (training/reading/images.py decodes them)
         x = np.empty(n, object)
         x[:] = col.to_pylist()
     elif pa.types.is_binary(col.type):

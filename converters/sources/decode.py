@@ -29,6 +29,7 @@ class Sample:
     label: int | None
     fields: Mapping[str, np.ndarray | bytes]
     nbytes_in: int = 0  # bytes read from the source file
+    depth_changed: bool = False  # an image taken at another bit depth (--reduce-depth, --promote-depth)
 
     @property
     def nbytes(self) -> int:
@@ -42,6 +43,19 @@ class ImageOptions:
     storage: str = "encoded"  # "encoded" keeps JPEG/PNG bytes; "decoded" stores pixel arrays
     mode: str = "RGB"  # PIL mode images are converted to when decoded or resized
     reduce_depth: bool = False  # a 16-bit image that cannot keep its bits is taken at 8 (else refused)
+    promote_depth: bool = False  # with mode L: 8-bit greyscale images are stored as 16-bit (x 257, exact)
+
+
+@dataclass(frozen=True)
+class ArrayOptions:
+    """How arrays (.npy, .npz) are stored: ``ragged`` keeps each sample's own shape (else every
+    sample must have the first one's); ``dtype`` stores every sample in that dtype where no
+    value changes (else the first sample's dtype, and a sample of another is refused);
+    ``channels`` records the axis of the channels (``first`` or ``last``; None: not said)."""
+
+    ragged: bool = False
+    dtype: str | None = None
+    channels: str | None = None
 
 
 def parse_resize(text: str | None, option: str = "--resize") -> tuple[int, int] | None:
@@ -103,7 +117,7 @@ class _NpyHeader:
         return self.offset + self.nbytes
 
 
-def _npy_header(path: str, data: bytes, size: float) -> _NpyHeader:
+def npy_header(path: str, data: bytes, size: float) -> _NpyHeader:
     """The header at the start of ``data``, checked against a file of ``size`` bytes."""
     if not data.startswith(_NPY_MAGIC):
         what = "an .npz archive" if data.startswith(_ZIP_MAGIC) else "not a .npy file"
@@ -147,7 +161,7 @@ def _npy_array(path: str, buf: bytes, start: int, header: _NpyHeader) -> np.ndar
 
 def decode_npy(path: str, data: bytes) -> dict[str, np.ndarray]:
     """Parse the .npy header and view the payload in place (no copy of the tensor bytes)."""
-    header = _npy_header(path, data, len(data))
+    header = npy_header(path, data, len(data))
     return {VOLUME_FIELD: _npy_array(path, data, header.offset, header)}
 
 
@@ -157,7 +171,7 @@ def read_npy(fs: fsspec.AbstractFileSystem, src: SourceFile) -> tuple[dict[str, 
     head = read_bytes(fs, src, 0, first)
     # A remote listing may not know the size (0): then only the header bounds the read.
     size = src.size or (len(head) if len(head) < first else math.inf)
-    header = _npy_header(src.path, head, size)
+    header = npy_header(src.path, head, size)
     if header.end <= len(head):
         return {VOLUME_FIELD: _npy_array(src.path, head, header.offset, header)}, len(head)
     payload = read_bytes(fs, src, header.offset, header.end)
@@ -220,7 +234,7 @@ def encoded_dtype(data: bytes) -> str:
 
 def _in_mode(path: str, img: Image.Image, data: bytes, mode: str, reduce_depth: bool = False) -> Image.Image:
     """``img`` in ``mode`` (RGB or L) at its own bit depth; refuses what would lose bits, unless
-    ``reduce_depth`` (then 8 bits per channel: a 16-bit value's high byte)."""
+    ``reduce_depth`` (then 8 bits per channel, scaled: see ``_scaled_to_8_bits``)."""
     if img.mode in _GRAY16:
         if mode == "L":
             return img
@@ -228,12 +242,26 @@ def _in_mode(path: str, img: Image.Image, data: bytes, mode: str, reduce_depth: 
             raise SampleError(path, f"16-bit grayscale image: --image-mode {mode} would cut it to 8 bits; "
                                     "use --image-mode L to keep its 16-bit pixels, or --reduce-depth to take "
                                     "it at 8 bits")
-        img = Image.fromarray((np.asarray(img).astype(np.uint32) >> 8).astype(np.uint8), "L")
+        img = Image.fromarray(_scaled_to_8_bits(np.asarray(img)), "L")
     elif png_bit_depth(data) == 16 and not reduce_depth:
         raise SampleError(path, "16-bit colour PNG: Pillow decodes it to 8 bits per channel; keep its exact "
                                 "bytes with --image-storage encoded and no --resize, or take it at 8 bits "
                                 "per channel with --reduce-depth")
     return img if img.mode == mode else img.convert(mode)
+
+
+def _scaled_to_8_bits(pixels: np.ndarray) -> np.ndarray:
+    """16-bit pixels at 8 bits, scaled by the image's own maximum (rounded): a 12-bit CT slice
+    (values up to 4095) keeps 256 grey levels, where its high byte would keep 16."""
+    top = int(pixels.max()) if pixels.size else 0
+    if top == 0:
+        return np.zeros(pixels.shape, np.uint8)
+    return np.rint(pixels.astype(np.float64) * (255 / top)).astype(np.uint8)
+
+
+def _promoted(img: Image.Image) -> Image.Image:
+    """An 8-bit greyscale image as 16-bit (each value x 257: 0 -> 0, 255 -> 65535; value // 257 gives it back)."""
+    return Image.fromarray(np.asarray(img).astype(np.uint16) * np.uint16(257))
 
 
 def _pixel_array(img: Image.Image) -> np.ndarray:
@@ -248,56 +276,60 @@ def _undecodable(path: str, exc: Exception) -> SampleError:
 _IMAGE_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 
 
-def exact_pixels(path: str, data: bytes, mode: str, reduce_depth: bool = False) -> np.ndarray:
+def exact_pixels(path: str, data: bytes, mode: str, reduce_depth: bool = False, promote_depth: bool = False
+                 ) -> np.ndarray:
     """The image's pixels in ``mode``, exactly as in the file: no resize, own bit depth (8 bits
-    with ``reduce_depth``, as a conversion with it stores them)."""
+    with ``reduce_depth``, 16 with ``promote_depth``, as a conversion with them stores them)."""
     try:
         with Image.open(io.BytesIO(data)) as img:
             img.load()
-            return _pixel_array(_in_mode(path, img, data, mode, reduce_depth))
+            pixels = _pixel_array(_in_mode(path, img, data, mode, reduce_depth))
+            return pixels.astype(np.uint16) * np.uint16(257) if promote_depth and pixels.dtype == np.uint8 else pixels
     except _IMAGE_ERRORS as exc:
         raise _undecodable(path, exc) from exc
 
 
-def decode_image(path: str, data: bytes, opts: ImageOptions) -> dict[str, np.ndarray | bytes]:
-    """Decode fully (so corrupt files are caught), then keep bytes or pixels per ``opts``."""
+def decode_image(path: str, data: bytes, opts: ImageOptions) -> tuple[dict[str, np.ndarray | bytes], bool]:
+    """Decode fully (so corrupt files are caught), then keep bytes or pixels per ``opts``; and
+    whether the image was taken at another bit depth than its own."""
     try:
         with Image.open(io.BytesIO(data)) as opened:
             fmt = opened.format
             opened.load()
-            if opts.storage == "encoded" and opts.resize is None:
-                return {IMAGE_FIELD: data}
+            deep = opened.mode in _GRAY16 or png_bit_depth(data) == 16
+            promote = opts.promote_depth and opts.mode == "L" and not deep
+            if opts.storage == "encoded" and opts.resize is None and not promote:
+                return {IMAGE_FIELD: data}, False  # its exact bytes, at its own depth
             img = _in_mode(path, opened, data, opts.mode, opts.reduce_depth)
+            if promote:
+                img = _promoted(img)
+            changed = deep != (img.mode in _GRAY16)
             if opts.resize is not None:
                 h, w = opts.resize
                 img = img.resize((w, h), Image.Resampling.BILINEAR)
             if opts.storage == "decoded":
-                return {IMAGE_FIELD: _pixel_array(img)}
+                return {IMAGE_FIELD: _pixel_array(img)}, changed
             buf = io.BytesIO()
-            if fmt == "PNG":
+            if fmt == "PNG" or img.mode in _GRAY16:  # 16 bits: PNG holds them, JPEG does not
                 img.save(buf, format="PNG")
             else:
                 img.save(buf, format="JPEG", quality=95)
-            return {IMAGE_FIELD: buf.getvalue()}
+            return {IMAGE_FIELD: buf.getvalue()}, changed
     except _IMAGE_ERRORS as exc:
         raise _undecodable(path, exc) from exc
 
 
-def decode_sample(kind: str, path: str, data: bytes, image_opts: ImageOptions) -> Mapping[str, np.ndarray | bytes]:
-    if kind == NPY:
-        return decode_npy(path, data)
-    if kind == NPZ:
-        return decode_npz(path, data)
-    return decode_image(path, data, image_opts)
-
-
 def read_sample(fs: fsspec.AbstractFileSystem, kind: str, src: SourceFile,
-                image_opts: ImageOptions) -> tuple[Mapping[str, np.ndarray | bytes], int]:
-    """A source file's fields and the bytes read for them."""
+                image_opts: ImageOptions) -> tuple[Mapping[str, np.ndarray | bytes], int, bool]:
+    """A source file's fields, the bytes read for them and whether an image was taken at
+    another bit depth."""
     if kind == NPY:
-        return read_npy(fs, src)
+        return (*read_npy(fs, src), False)
     data = read_bytes(fs, src)
-    return decode_sample(kind, src.path, data, image_opts), len(data)
+    if kind == NPZ:
+        return decode_npz(src.path, data), len(data), False
+    fields, changed = decode_image(src.path, data, image_opts)
+    return fields, len(data), changed
 
 
 def field_encoding(kind: str, image_opts: ImageOptions) -> str:

@@ -352,15 +352,18 @@ def test_a_16bit_colour_png_is_taken_at_8_bits_with_reduce_depth(tmp_path, conve
     assert fields["image"].dtype == np.uint8 and fields["image"].tobytes() == expected.tobytes()
 
 
-def test_a_16bit_gray_png_in_rgb_mode_is_taken_at_8_bits_with_reduce_depth(tmp_path):
+def test_a_16bit_gray_png_in_rgb_mode_is_scaled_to_8_bits_with_reduce_depth(tmp_path):
+    """Scaled by the image's own maximum, not cut to its high byte, and counted in the summary."""
     src = tmp_path / "pngs"
     truth = write_gray16(src, 2)
     dst = tmp_path / "o.h5"
-    trainfeed.convert(str(src), str(dst), format="hdf5", image_storage="decoded", reduce_depth=True, verify=True)
+    result = trainfeed.convert(str(src), str(dst), format="hdf5", image_storage="decoded", reduce_depth=True,
+                               verify=True)
+    assert result.depth_changed == 2
     got = {sid: f["image"] for sid, _, f in FORMATS["hdf5"].read_samples(dst)}
     for sid, gray in truth.items():
-        high = (gray >> 8).astype(np.uint8)
-        assert got[sid].tobytes() == np.stack([high] * 3, axis=-1).tobytes()
+        scaled = np.rint(gray.astype(np.float64) * (255 / gray.max())).astype(np.uint8)
+        assert got[sid].tobytes() == np.stack([scaled] * 3, axis=-1).tobytes()
     # without it, the API's refusal names the keyword that takes such an image
     with pytest.raises(trainfeed.TrainfeedError, match=r"reduce_depth=True"):
         trainfeed.convert(str(src), str(tmp_path / "p.h5"), format="hdf5", image_storage="decoded")

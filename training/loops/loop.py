@@ -153,6 +153,6 @@ def evaluate(cfg: TrainConfig, p: Plan, fw: Framework[Any]) -> dict:
     assert p.eval_store is not None, "evaluated only with --eval-data"
     correct = total = 0
     for batch in iter_batches(p.eval_store, eval_epoch(cfg)):
-        correct += int((fw.predict(as_model_input(batch, p.input_shape)) == batch.y).sum())
+        correct += int((fw.predict(as_model_input(batch, p.input_shape, p.channels_first)) == batch.y).sum())
         total += len(batch.ids)
     return {"store": cfg.eval_data, "samples": total, "accuracy": round(correct / total, 4) if total else None}

@@ -92,7 +92,7 @@ class TensorFlow:
         return parameter_count(self.model)
 
     def to_inputs(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
-        return as_model_input(batch, self.p.input_shape), batch.y
+        return as_model_input(batch, self.p.input_shape, self.p.channels_first), batch.y
 
     def step(self, inputs: tuple[np.ndarray, np.ndarray]) -> tuple[float, int]:
         import tensorflow as tf

@@ -151,7 +151,8 @@ class Torch:
         return parameter_count(self.net)
 
     def to_inputs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = _as_float(torch.from_numpy(as_model_input(batch, self.p.input_shape))), torch.from_numpy(batch.y)
+        x = _as_float(torch.from_numpy(as_model_input(batch, self.p.input_shape, self.p.channels_first)))
+        y = torch.from_numpy(batch.y)
         return (x.pin_memory(), y.pin_memory()) if self.cfg.device == "cuda" else (x, y)
 
     def step(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> tuple[float, int]:

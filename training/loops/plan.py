@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
-from trainfeed.converters.layout import FieldSpec
+from trainfeed.converters.layout import FieldSpec, looks_channels_first
 from trainfeed.training.config import TrainConfig, distributed_env
 from trainfeed.training.reading.readers import batches_per_rank, label_bounds, open_store
 from trainfeed.training.reading.store import Batch, EpochOptions, Store
@@ -22,6 +22,7 @@ class Plan:
     input_shape: tuple[int, ...]  # of one sample as the model takes it (channels last)
     rank: int
     world: int
+    channels_first: bool = False  # the store's samples have their channels first: moved last for the model
     eval_store: Store | None = None
     notes: list[str] = field(default_factory=list)  # said on stderr before training (what the data is read as)
 
@@ -63,7 +64,7 @@ def plan(cfg: TrainConfig) -> Plan:
         raise UsageError(f"--warmup-steps {cfg.warmup_steps} is more than the {cfg.epochs * steps} steps of this run "
                          f"({cfg.epochs} epochs of {steps})")
     num_classes = classes(cfg, store)
-    p = Plan(store, opts, steps, num_classes, input_shape, rank, world)
+    p = Plan(store, opts, steps, num_classes, input_shape, rank, world, channels_first(store, cfg))
     spec = store.sample_spec
     if len(input_shape) == 3 and len(_shape(spec)) == 3 and store.images is None and spec.name != "image":
         p.notes.append(f"{store.path}: field {spec.name!r} holds samples of shape {_shape(spec)}, read as images "
@@ -106,11 +107,30 @@ def classes(cfg: TrainConfig, store: Store) -> int:
     return n
 
 
+def channels_first(store: Store, cfg: TrainConfig | None = None) -> bool:
+    """Whether the store's samples have their channel axis first: as ``cfg.channels`` says,
+    else as the store records it, else last; a shape that looks channels-first (3, 224, 224)
+    with neither is refused rather than guessed."""
+    spec = store.sample_spec
+    said = (cfg.channels if cfg is not None else None) or spec.channels
+    if said is None and spec.is_raw and spec.shape is not None and looks_channels_first(tuple(spec.shape)):
+        flag = cfg.option("channels") if cfg is not None else "--channels "
+        raise UsageError(f"{store.path}: field {spec.name!r} holds samples of shape {tuple(spec.shape)}, which looks "
+                         f"channels-first, and the store does not say: give {flag}first to move the channels last "
+                         f"for the model, or {flag}last if the last axis is the channels")
+    return said == "first"
+
+
 def model_input_shape(store: Store, cfg: TrainConfig | None = None) -> tuple[int, ...]:
     """One sample's shape as the models take it: (X, Y, Z, C) volumes, (H, W, C) images, and
-    (H, W) greyscale images given their channel axis. Refuses what no model can train on."""
+    (H, W) greyscale images given their channel axis; a channels-first sample with its channels
+    moved last. Refuses what no model can train on."""
     spec, path = store.sample_spec, store.path
     if spec.shape is None:
+        if spec.is_ragged:
+            flag = cfg.option("fit") if cfg is not None else "--fit "
+            raise TrainfeedError(f"{path}: field {spec.name!r} holds samples of different shapes: choose how to "
+                                 f"batch them, {flag}pad:SHAPE, crop:SHAPE or resize:SHAPE (e.g. pad:64x64)")
         raise TrainfeedError(f"{path}: field {spec.name!r} has no fixed shape")
     if not store.schema.labeled:
         cli = cfg is None or cfg.cli
@@ -120,6 +140,8 @@ def model_input_shape(store: Store, cfg: TrainConfig | None = None) -> tuple[int
                "from class subfolders; for a folder of small files, `TrainConfig(labels_csv=\"labels.csv\")`")
         raise TrainfeedError(f"{path}: store is unlabeled; training needs a label column: {fix}")
     shape = tuple(spec.shape)
+    if channels_first(store, cfg):
+        shape = (*shape[1:], shape[0])
     if len(shape) == 2:
         return (*shape, 1)
     if len(shape) not in (3, 4):
@@ -128,9 +150,11 @@ def model_input_shape(store: Store, cfg: TrainConfig | None = None) -> tuple[int
     return shape
 
 
-def as_model_input(batch: Batch, shape: tuple[int, ...]) -> np.ndarray:
-    """The batch's samples in the model's shape (a view: only a channel axis may be added)."""
-    return batch.x.reshape((len(batch.ids), *shape))
+def as_model_input(batch: Batch, shape: tuple[int, ...], channels_first: bool = False) -> np.ndarray:
+    """The batch's samples in the model's shape (a view: a channel axis may be added, or moved
+    from first to last)."""
+    x = np.moveaxis(batch.x, 1, -1) if channels_first else batch.x
+    return x.reshape((len(batch.ids), *shape))
 
 
 def open_eval_store(cfg: TrainConfig, p: Plan) -> Store:

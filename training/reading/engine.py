@@ -116,9 +116,11 @@ def schedule(order: EpochOrder, parts: list[Part], start_batch: int) -> tuple[li
 
 def gather(order: EpochOrder, parts: list[Part], k: int, rank: int, world: int,
            loaded: dict[tuple[int, int], list[Columns]], empty=np.empty
-           ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+           ) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray | None]:
     """Batch ``k`` of this rank from its loaded windows ((lane, window) -> each unit's columns):
-    part by part, window by window, rows grouped by unit."""
+    part by part, window by window, rows grouped by unit; with the samples' own shapes when
+    they were fitted. A ragged field not fitted gathers into an object array (each sample in
+    its own shape)."""
     takes: list[tuple[Columns, np.ndarray]] = []
     for part in parts:
         lane = order.all_lanes[part.lane]
@@ -135,26 +137,29 @@ def gather(order: EpochOrder, parts: list[Part], k: int, rank: int, world: int,
             for u, picked in zip(unit[np.r_[0, cuts]], np.split(piece_rows, cuts)):
                 takes.append((columns[int(u)], picked))
     n = sum(len(picked) for _, picked in takes)
-    first = takes[0][0].x
-    x = empty((n, *first.shape[1:]), first.dtype)
+    first = takes[0][0]
+    x = (np.empty if first.x.dtype == object else empty)((n, *first.x.shape[1:]), first.x.dtype)
     y = np.empty(n, dtype=np.int64)
+    shapes = None if first.shapes is None else np.empty((n, first.shapes.shape[1]), np.int64)
     ids: list[str] = []
     at = 0
     for cols, picked in takes:
         end = at + len(picked)
         np.take(cols.x, picked, axis=0, out=x[at:end], mode="clip")  # clip: no buffered copy; rows are valid
         np.take(cols.labels, picked, out=y[at:end], mode="clip")
+        if shapes is not None and cols.shapes is not None:  # every piece of a fitted store has them
+            np.take(cols.shapes, picked, axis=0, out=shapes[at:end], mode="clip")
         ids += [cols.ids[int(i)] for i in picked]
         at = end
-    return x, y, ids
+    return x, y, ids, shapes
 
 
 def run_epoch(order: EpochOrder, rank: int, world: int, read: Callable[[int, dict, Callable], Columns],
               describe: Callable[[int], str], *, workers: int, start_batch: int = 0,
               upcoming: Callable[[int], None] | None = None, ahead: int = 0,
               empty: Callable[..., np.ndarray] | None = None
-              ) -> Iterator[tuple[np.ndarray, np.ndarray, list[str]]]:
-    """Rank ``rank`` of ``world``'s batches ``start_batch``.. of ``order`` as (x, y, ids).
+              ) -> Iterator[tuple[np.ndarray, np.ndarray, list[str], np.ndarray | None]]:
+    """Rank ``rank`` of ``world``'s batches ``start_batch``.. of ``order`` as (x, y, ids, shapes).
     ``read(piece_index, handles, empty)`` reads one piece (``handles``: a dict the reading thread
     keeps its open files in; ``empty``: where to allocate arrays it fills itself);
     ``describe(piece_index)`` names its file in errors. ``upcoming(piece_index)`` is told of each

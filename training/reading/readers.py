@@ -38,7 +38,7 @@ from trainfeed.converters.formats.registry import DATA_SUFFIXES, IN_PLACE, TABLE
 from trainfeed.converters.formats.registry import FORMATS as REGISTRY
 from trainfeed.converters.storage import fetch
 from trainfeed.converters.storage.location import Location, is_remote, locate
-from trainfeed.training.reading import engine, images, petastorm_reader
+from trainfeed.training.reading import engine, fitting, images, petastorm_reader
 from trainfeed.training.reading.order import EpochOrder
 from trainfeed.training.reading.store import Batch, EpochOptions, Store
 
@@ -99,6 +99,16 @@ def open_store(path: str, fmt: str | None = None, opts: OpenOptions = OpenOption
             raise UsageError(f"--reader-pool {pool}: {location.shown} holds encoded images, which the default "
                              "pool, arrow, decodes; Petastorm pools read raw tensors only")
         store.images = images.plan(listing.spec, opts.image_size, lambda: _first_image(store))
+    if opts.fit is not None:
+        if not listing.spec.is_raw:
+            raise UsageError(f"fit applies to arrays; {location.shown} holds encoded images: give them one size with "
+                             "--image-size / image_size=")
+        if uses_petastorm(store, pool):
+            raise UsageError(f"--reader-pool {pool}: fit is applied by the default pool, arrow")
+        store.fit = fitting.Fit.parse(opts.fit)
+    elif listing.spec.is_ragged and uses_petastorm(store, pool):
+        raise UsageError(f"--reader-pool {pool}: {location.shown} holds samples of different shapes, which the "
+                         "default pool, arrow, reads")
     return store
 
 
@@ -211,10 +221,14 @@ def iter_batches(store: Store, opts: EpochOptions, epoch: int = 0, start_batch: 
 
     def read(i: int, handles: dict, empty) -> Columns:
         cols = module.read_piece(listing, store.pieces[i], handles, empty)
-        if store.images is None:
-            return cols
-        augment = images.Augment(opts.seed, epoch) if opts.augment else None
-        return images.decode_piece(cols, store.images, module.piece_file(store.pieces[i]), augment, empty)
+        where = module.piece_file(store.pieces[i])
+        if store.images is not None:
+            augment = images.Augment(opts.seed, epoch) if opts.augment else None
+            return images.decode_piece(cols, store.images, where, augment, empty)
+        if store.fit is not None:
+            return fitting.fit_piece(cols, store.fit, where, empty)
+        _check_samples(cols, store, where)
+        return cols
 
     ahead = not store.local and store.foreign is None and store.format.fetches_ahead
 
@@ -224,11 +238,23 @@ def iter_batches(store: Store, opts: EpochOptions, epoch: int = 0, start_batch: 
             listing.fetcher.ahead(*span)
 
     order = epoch_order(store, opts, epoch)
-    for k, (x, y, ids) in enumerate(engine.run_epoch(
+    for k, (x, y, ids, shapes) in enumerate(engine.run_epoch(
             order, opts.rank, opts.world_size, read, lambda i: module.piece_file(store.pieces[i]),
             workers=reading_threads(store, opts, fetch_ahead=ahead), start_batch=start_batch,
             upcoming=upcoming if ahead else None, ahead=pieces_ahead(store), empty=empty), start=start_batch):
-        yield Batch(x, y, ids, len(ids) - order.real_rows(k, opts.rank, opts.world_size))
+        yield Batch(x, y, ids, len(ids) - order.real_rows(k, opts.rank, opts.world_size), shapes)
+
+
+def _check_samples(cols: Columns, store: Store, where: str) -> None:
+    """Samples of one shape and dtype, the store's (small files differ where a folder mixes them)."""
+    spec = store.spec
+    if spec.is_ragged or not len(cols.x):
+        return
+    if cols.x.dtype != np.dtype(spec.dtype) or cols.x.shape[1:] != tuple(spec.shape or ()):
+        raise TrainfeedError(f"{where}: holds {cols.x.dtype} samples of shape {cols.x.shape[1:]}, where the "
+                             f"{'first file' if store.format.in_place else 'store'} has {spec.dtype} "
+                             f"{tuple(spec.shape or ())}: choose a fit (--fit / fit=pad:SHAPE, crop:SHAPE or "
+                             "resize:SHAPE) for shapes that differ, or convert with --ragged / --dtype")
 
 
 def pieces_ahead(store: Store) -> int:

@@ -15,6 +15,7 @@ from trainfeed.converters.formats.options import OpenOptions
 from trainfeed.converters.formats.registry import FORMATS as REGISTRY
 from trainfeed.converters.layout import DatasetSchema, FieldSpec
 from trainfeed.training.reading import images
+from trainfeed.training.reading.fitting import Fit
 from trainfeed.training.reading.order import check_batching, check_world, default_lanes
 
 
@@ -80,9 +81,12 @@ class Batch:
     y: np.ndarray  # (B,) int64; -1 where unlabeled
     ids: list[str]
     padding: int = 0  # the last rows that repeat the epoch's first samples (several ranks, no drop_last)
+    shapes: np.ndarray | None = None  # (B, ndim): each sample's own shape, when a fit gave them one
 
     @property
     def nbytes(self) -> int:
+        if self.x.dtype == object:  # a ragged field not fitted: each sample its own array
+            return sum(int(v.nbytes) for v in self.x)
         return int(self.x.nbytes)
 
 
@@ -100,6 +104,7 @@ class Store:
     extra: dict = field(default_factory=dict)
     local: bool = True  # False: on object storage (read through range requests)
     images: images.Decoding | None = None  # encoded images: how they are decoded
+    fit: Fit | None = None  # arrays: how samples are given one shape (OpenOptions.fit)
     options: OpenOptions = field(default_factory=OpenOptions)  # what it was opened with
 
     @property
@@ -109,8 +114,11 @@ class Store:
 
     @property
     def sample_spec(self) -> FieldSpec:
-        """The field as batches deliver it (encoded images: decoded, of a fixed shape)."""
-        return self.spec if self.images is None else self.images.spec(self.spec.name)
+        """The field as batches deliver it (encoded images: decoded, of a fixed shape; arrays:
+        fitted to one, when a fit is given; a ragged field not fitted: shape None)."""
+        if self.images is not None:
+            return self.images.spec(self.spec.name)
+        return self.spec if self.fit is None else self.fit.spec(self.spec)
 
     @property
     def samples(self) -> int:

@@ -87,8 +87,16 @@ def test_a_cache_folder_shared_by_processes_stays_within_its_limit(tmp_path):
                     except FileNotFoundError:
                         continue
                     if len(name) > 20:  # range files and files being written, not the cache's own
-                        sizes[st.st_ino] = st.st_size
-            peak[0] = max(peak[0], sum(sizes.values()))
+                        sizes[os.path.join(sub, name)] = st.st_size
+            # a walk is no snapshot: a file counted early may be evicted before one made later is
+            # listed. Count only the files still there when the walk ends (stat'ed again at once).
+            held = 0
+            for path, size in sizes.items():
+                try:
+                    held += max(size, os.stat(path).st_size)
+                except FileNotFoundError:
+                    continue
+            peak[0] = max(peak[0], held)
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()

@@ -1,0 +1,49 @@
+"""One dtype for every sample of a field: which dtype holds two others exactly, and a cast
+that keeps every value or names the file that has one it would change."""
+from __future__ import annotations
+
+import numpy as np
+
+from trainfeed.converters.errors import SampleError
+from trainfeed.converters.layout import SUPPORTED_DTYPES
+
+#: ``--dtype auto``: the dtype is found by reading every .npy file's header first (samples.py).
+AUTO = "auto"
+
+
+def lossless_cast(path: str, name: str, arr: np.ndarray, dtype: str) -> np.ndarray:
+    """``arr`` as ``dtype`` when every value survives the cast exactly; SampleError naming the
+    file otherwise (an int32 array holding -5 does not fit uint16; 0.5 does not fit int8)."""
+    target = np.dtype(dtype)
+    if arr.dtype == target:
+        return arr
+    out = arr.astype(target)
+    if exact_cast(arr.dtype, target):
+        return out
+    with np.errstate(invalid="ignore", over="ignore"):
+        back = out.astype(arr.dtype)
+    lost = ~((back == arr) | (np.isnan(arr) & np.isnan(back)) if arr.dtype.kind == "f" else back == arr)
+    if lost.any():
+        value = arr.reshape(-1)[int(np.flatnonzero(lost.reshape(-1))[0])].item()
+        raise SampleError(path, f"{name!r}: {arr.dtype} value {value!r} does not fit --dtype {dtype} exactly; "
+                                "choose a dtype that holds every value")
+    return out
+
+
+_MANTISSA_BITS = {2: 11, 4: 24, 8: 53}
+
+
+def exact_cast(src: np.dtype, dst: np.dtype) -> bool:
+    """Whether every value of ``src`` is a value of ``dst`` (numpy's "safe" calls int64 ->
+    float64 safe; it is not exact beyond 2**53)."""
+    if src.kind in "iu" and dst.kind == "f":
+        return src.itemsize * 8 - (src.kind == "i") <= _MANTISSA_BITS[dst.itemsize]
+    return bool(np.can_cast(src, dst, "safe"))
+
+
+def holding_both(a: str, b: str) -> str | None:
+    """The smallest dtype that holds every value of ``a`` and of ``b`` exactly; None when none
+    does (uint64 beside a signed integer, 64-bit integers beside floats)."""
+    both = np.promote_types(a, b)
+    exact = exact_cast(np.dtype(a), both) and exact_cast(np.dtype(b), both)
+    return both.name if exact and both.name in SUPPORTED_DTYPES else None
