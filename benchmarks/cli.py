@@ -12,7 +12,8 @@ import typer
 
 from trainfeed.benchmarks.ab.config import IMAGE_STORAGES, STORES
 from trainfeed.benchmarks.model.catalog import CATALOG
-from trainfeed.benchmarks.synth import IMAGE_SIZE, VOLUME_SHAPE, generate_images, generate_volumes
+from trainfeed.benchmarks.synth import IMAGE_SIZE, SAMPLE_RANKS, VOLUME_SHAPE, generate_images, generate_volumes
+from trainfeed.converters.cli import Channels
 from trainfeed.converters.errors import TrainfeedError, UsageError, exit_codes
 from trainfeed.converters.progress import MatrixProgress, progress_bar
 from trainfeed.converters.redact import redact, redact_json
@@ -55,12 +56,13 @@ def _shape(text: str) -> tuple[int, ...]:
 @app.command(short_help="Generate a synthetic, learnable dataset (volumes or images).",
              help="Generate a synthetic, learnable dataset shaped like the reference cases: numpy volumes "
                   "(one .npy per sample, label = sign of the mean of channel 0 over a corner region, in "
-                  "labels.csv or class folders) or JPEG class folders.")
+                  "labels.csv or class folders; --shape HxWxC or HxW: image-shaped arrays) or JPEG class folders.")
 def generate(
     kind: Kind = typer.Argument(..., help="volumes or images"),
     out: Path = typer.Argument(..., help="Folder to create (must not exist)."),
     count: int = typer.Option(1000, "--count", help="Number of samples."),
-    shape: str = typer.Option(None, "--shape", help="volumes: XxYxZxC (default 30x30x10x10, float32, 360 KB); "
+    shape: str = typer.Option(None, "--shape", help="volumes: XxYxZxC (default 30x30x10x10, float32, 360 KB), or "
+                                                    "the images train also takes as arrays, HxWxC or HxW; "
                                                     "images: HxW (default 360x480)."),
     seed: int = typer.Option(0, "--seed", help="Random seed; the same seed gives the same files."),
     labels: str = typer.Option("csv", "--labels", help="volumes: csv (OUT/labels.csv) or folders (OUT/neg, OUT/pos)."),
@@ -77,8 +79,9 @@ def generate(
         typer.echo("error: --labels must be csv or folders", err=True)
         raise typer.Exit(2)
     dims = _shape(shape) if shape else (VOLUME_SHAPE if kind == Kind.volumes else IMAGE_SIZE)
-    if kind == Kind.volumes and len(dims) < 4:
-        typer.echo(f"error: volumes --shape is XxYxZxC (at least 4 sizes), got {shape!r}", err=True)
+    if kind == Kind.volumes and len(dims) not in SAMPLE_RANKS:
+        typer.echo(f"error: volumes --shape is XxYxZxC, HxWxC or HxW (the samples train takes), got {shape!r}",
+                   err=True)
         raise typer.Exit(2)
     if kind == Kind.images and len(dims) != 2:
         typer.echo("error: images --shape is HxW", err=True)
@@ -173,6 +176,28 @@ def run(
                                       "compacted stores hold the images, comma-separated: encoded (JPEG/PNG bytes, "
                                       "decoded as read), decoded (pixels); one store per format and choice, named "
                                       "FORMAT-encoded, FORMAT-decoded."),
+    image_mode: str = typer.Option("RGB", "--image-mode", help="Image folders: the mode the compacted stores' images "
+                                   "are converted to when decoded or resized, RGB or L (grayscale; keeps 16-bit "
+                                   "grayscale PNGs at 16 bits), as `convert --image-mode`."),
+    reduce_depth: bool = typer.Option(False, "--reduce-depth", help="Image folders: the conversion takes a 16-bit "
+                                      "image that cannot keep its bits at 8 bits per channel instead of refusing it, "
+                                      "as `convert --reduce-depth`."),
+    promote_depth: bool = typer.Option(False, "--promote-depth", help="Image folders, with --image-mode L: the "
+                                       "conversion stores 8-bit greyscale images as 16-bit (exact), so that a folder "
+                                       "mixing 8- and 16-bit greyscale images keeps every bit, as "
+                                       "`convert --promote-depth`."),
+    ragged: bool = typer.Option(False, "--ragged", help="Arrays of different shapes: the compacted stores keep each "
+                                "sample in its own shape, as `convert --ragged`; give --fit for how every store's "
+                                "batches are read."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="Arrays: the compacted stores hold every sample in this "
+                                        "dtype (or auto), as `convert --dtype`; the small files are read as they are "
+                                        "(give them one dtype, or --fit does not help)."),
+    fit: Optional[str] = typer.Option(None, "--fit", help="Samples of different shapes: how every store (the small "
+                                      "files too) is batched, pad:SHAPE, crop:SHAPE or resize:SHAPE, as "
+                                      "`train --fit`."),
+    channels: Optional[Channels] = typer.Option(None, "--channels", help="Arrays: where the channel axis is, first "
+                                                "or last, as `convert --channels` / `train --channels`; a shape that "
+                                                "looks channels-first is refused until said."),
     baseline_loader: Optional[str] = typer.Option(None, "--baseline-loader", help=BASELINE_HELP),
     my_instance: Optional[str] = typer.Option(None, "--my-instance", help=MY_INSTANCE_HELP),
     scenario: Optional[Path] = typer.Option(None, "--scenario", help="A scenario file (TOML, see scenarios/): the "
@@ -188,7 +213,7 @@ def run(
     from trainfeed.benchmarks.model.projection import parse_loader
     from trainfeed.benchmarks.model.scenario import load_scenario
     from trainfeed.benchmarks.report import report as report_mod
-    from trainfeed.converters.sources.decode import parse_resize
+    from trainfeed.converters.sources.decode import ArrayOptions, parse_resize
     from trainfeed.converters.storage.config import parse_storage_options
 
     with exit_codes():
@@ -213,7 +238,10 @@ def run(
                            storage_backend=storage_backend,
                            storage_profile=None if storage_profile == "none" else storage_profile,
                            storage_options=parse_storage_options(storage_option), resize=parse_resize(resize),
-                           image_storage=_csv(image_storage))
+                           image_storage=_csv(image_storage), image_mode=image_mode.upper(), reduce_depth=reduce_depth,
+                           promote_depth=promote_depth, fit=fit,
+                           arrays=ArrayOptions(ragged=ragged, dtype=dtype,
+                                               channels=channels.value if channels else None))
         run_matrix(cfg, log, MatrixProgress(0))
         info = report_mod.build(str(out), target_samples=target_samples, target_epochs=target_epochs, catalog=catalog,
                                 baseline=baseline, my_instance=my_instance)

@@ -1,9 +1,10 @@
 """Synthetic, learnable datasets shaped like the reference cases.
 
 Volumes: one ``.npy`` per sample, float32, default 30x30x10 voxels x 10 channels (the
-whitepaper's 360 KB volumes). The binary label is a known function of the data: 1 when the
-mean of channel 0 over the corner region ``[:8, :8, :]`` is positive. Each volume is noise
-plus a shift of that region by +-``signal``, so a small model learns it quickly.
+whitepaper's 360 KB volumes), or of any sample shape train takes: (X, Y, Z, C) volumes, (H, W, C)
+and (H, W) images. The binary label is a known function of the data: 1 when the mean of
+channel 0 over the corner region ``[:8, :8]`` of the first two axes is positive. Each sample
+is noise plus a shift of that region by +-``signal``, so a small model learns it quickly.
 
 Images: JPEG class folders (default 360x480, the street-photo case), each class with its
 own stripe orientation under noise and a random tint.
@@ -20,28 +21,37 @@ from PIL import Image
 
 VOLUME_SHAPE = (30, 30, 10, 10)
 IMAGE_SIZE = (360, 480)
-REGION = (slice(0, 8), slice(0, 8), slice(None), 0)
+#: The ranks of the sample shapes train takes: (H, W), (H, W, C) and (X, Y, Z, C).
+SAMPLE_RANKS = (2, 3, 4)
+
+
+def region(rank: int) -> tuple:
+    """The corner region the label is read from: ``[:8, :8]`` of the first two axes, of channel 0
+    (the last axis) when the samples have channels (rank 3 or 4)."""
+    corner = (slice(0, 8), slice(0, 8))
+    return corner if rank == 2 else (*corner, Ellipsis, 0)
 
 
 def volume_label(volume: np.ndarray) -> int:
     """The label function of the synthetic volumes."""
-    return int(volume[REGION].mean() > 0)
+    return int(volume[region(volume.ndim)].mean() > 0)
 
 
 def make_volume(rng: np.random.Generator, shape: tuple[int, ...], signal: float = 0.5) -> tuple[np.ndarray, int]:
     vol = rng.standard_normal(shape, dtype=np.float32)
     sign = 1.0 if rng.random() < 0.5 else -1.0
-    vol[REGION] += np.float32(sign * signal)
+    vol[region(len(shape))] += np.float32(sign * signal)
     return vol, volume_label(vol)
 
 
 def generate_volumes(out: Path, count: int, *, shape: tuple[int, ...] = VOLUME_SHAPE, seed: int = 0,
                      labels: str = "csv", signal: float = 0.5,
                      progress: Callable[[int], None] | None = None) -> dict:
-    """``count`` volumes as ``OUT/vol_NNNNNN.npy`` with ``OUT/labels.csv`` (labels="csv"), or in
-    class folders ``OUT/neg/`` and ``OUT/pos/`` (labels="folders")."""
-    if len(shape) < 4 or shape[-1] < 1:
-        raise ValueError(f"volume shape needs at least 4 axes (x, y, z, channels), got {shape}")
+    """``count`` volumes (or images, of a shape of rank 2 or 3) as ``OUT/vol_NNNNNN.npy`` with
+    ``OUT/labels.csv`` (labels="csv"), or in class folders ``OUT/neg/`` and ``OUT/pos/``
+    (labels="folders")."""
+    if len(shape) not in SAMPLE_RANKS or min(shape) < 1:
+        raise ValueError(f"sample shape must be (x, y, z, channels), (h, w, channels) or (h, w), got {shape}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=False)
     rng = np.random.default_rng(seed)

@@ -14,7 +14,7 @@ from trainfeed.converters.layout import CHANNELS
 from trainfeed.converters.progress import progress_bar
 from trainfeed.converters.redact import redact, redact_json
 from trainfeed.converters.sources.decode import ArrayOptions, ImageOptions, parse_resize
-from trainfeed.converters.sources.labels import labels_in_source
+from trainfeed.converters.sources.labels import labels_in_source, parse_classes
 from trainfeed.converters.storage.config import parse_storage_options
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
@@ -106,6 +106,10 @@ def main_command(
                                          "SRC/labels.csv when it exists (as `storage-bench run` does; the summary "
                                          "says so), else class subfolder names when every file is in one, else "
                                          "unlabeled."),
+    classes: Optional[str] = typer.Option(None, "--classes", help="Class names in label order, joined by commas "
+                                          "(e.g. neg,pos): labels that are class names (CSV or subfolders) are "
+                                          "numbered so, not in sorted order; a held-out set missing a class then "
+                                          "gets the training set's numbers. A name not listed is an error."),
     no_folder_labels: bool = typer.Option(False, "--no-folder-labels", help="Take no labels from SRC itself: "
                                           "neither SRC/labels.csv nor class subfolder names (--labels still "
                                           "applies)."),
@@ -211,7 +215,7 @@ def main_command(
             image=ImageOptions(resize=parse_resize(resize), storage=image_storage.value, mode=image_mode.upper(),
                                reduce_depth=reduce_depth, promote_depth=promote_depth),
             arrays=ArrayOptions(ragged=ragged, dtype=dtype, channels=channels.value if channels else None),
-            labels_csv=labels, folder_labels=not no_folder_labels,
+            labels_csv=labels, classes=parse_classes(classes), folder_labels=not no_folder_labels,
             workers=workers or default_workers(src), on_error=on_error.value,
             verify=verify, optimize=optimize, vacuum_hours=vacuum_hours,
             storage_options=options,

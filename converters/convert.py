@@ -42,6 +42,7 @@ class ConvertConfig:
     image: ImageOptions = field(default_factory=ImageOptions)
     arrays: ArrayOptions = field(default_factory=ArrayOptions)
     labels_csv: str | None = None
+    classes: tuple[str, ...] | None = None  # class names in label order (else sorted)
     folder_labels: bool = True
     workers: int = 4
     on_error: str = "fail"
@@ -325,6 +326,7 @@ def _convert(cfg: ConvertConfig, dst: Location, t0: float, progress: ProgressFn 
     existing = check_destination(dst, cfg.write.mode)
     fs, listing = list_source(cfg.src, cfg.storage_options)
     labels = resolve_labels(listing.files, labels_csv=cfg.labels_csv, folder_labels=cfg.folder_labels,
+                            classes=cfg.classes,
                             storage_options=cfg.storage_options)
     if labels.missing and cfg.on_error == "fail":
         unlabeled = next(f for f in listing.files if f.id == labels.missing[0])

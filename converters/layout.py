@@ -163,9 +163,10 @@ class DatasetSchema:
 
 
 def looks_channels_first(shape: tuple[int, ...]) -> bool:
-    """A sample whose first axis (1-4) is smaller than every other while its last is larger
-    than 4: (1, 32, 32), (3, 224, 224), (1, 64, 64, 64); not (30, 30, 10, 10) nor (32, 32, 3)."""
-    return len(shape) >= 3 and shape[0] <= 4 and shape[-1] > 4 and min(shape[1:]) > shape[0]
+    """A sample whose first axis (1-4) is smaller than every other while its last (8 or more)
+    is no plausible channel count: (1, 32, 32), (3, 224, 224), (1, 64, 64, 64); not
+    (30, 30, 10, 10), (32, 32, 3) nor (4, 6, 5)."""
+    return len(shape) >= 3 and shape[0] <= 4 and shape[-1] >= 8 and min(shape[1:]) > shape[0]
 
 
 def channels_warnings(fields: list[FieldSpec]) -> list[str]:

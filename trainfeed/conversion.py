@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Sequence
 
 from trainfeed.converters.convert import ConvertConfig, default_workers
 from trainfeed.converters.convert import convert as _convert
@@ -11,6 +11,7 @@ from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.formats.options import WriteOptions, parse_size
 from trainfeed.converters.formats.registry import FORMATS
 from trainfeed.converters.sources.decode import ArrayOptions, ImageOptions
+from trainfeed.converters.sources.labels import parse_classes
 
 WritableFormat = Literal["parquet", "delta", "hdf5"]
 Mode = Literal["create", "overwrite", "append"]
@@ -63,7 +64,7 @@ def convert(src: str, dst: str, *, format: WritableFormat, labels: str | None = 
             resize: tuple[int, int] | None = None, image_storage: Literal["encoded", "decoded"] = "encoded",
             image_mode: Literal["RGB", "L"] = "RGB", reduce_depth: bool = False, promote_depth: bool = False,
             ragged: bool = False, dtype: str | None = None, channels: Literal["first", "last"] | None = None,
-            folder_labels: bool = True, workers: int | None = None,
+            folder_labels: bool = True, classes: Sequence[str] | None = None, workers: int | None = None,
             on_error: Literal["fail", "skip"] = "fail", verify: bool = False) -> ConvertResult:
     """Convert the small files at ``src`` (a folder or fsspec URL) into a ``format`` store at ``dst``.
 
@@ -71,7 +72,8 @@ def convert(src: str, dst: str, *, format: WritableFormat, labels: str | None = 
     as ``"64MiB"``. Nothing appears at ``dst`` unless the whole store was written (and, with
     ``verify``, compared bit for bit with its source). Labels: the ``labels`` CSV (id,label),
     else ``src``/labels.csv when it exists, else class subfolder names (``folder_labels=False``:
-    none from ``src`` itself, as ``--no-folder-labels``). Raises ``TrainfeedError``
+    none from ``src`` itself, as ``--no-folder-labels``); class names are numbered in sorted order,
+    or in the order of ``classes``. Raises ``TrainfeedError``
     (``UsageError`` for options that cannot work)."""
     if image_mode not in ("RGB", "L"):
         raise UsageError(f"image_mode must be RGB or L, not {image_mode!r}")
@@ -89,7 +91,8 @@ def convert(src: str, dst: str, *, format: WritableFormat, labels: str | None = 
                         arrays=ArrayOptions(ragged=ragged, dtype=dtype, channels=channels),
                         labels_csv=labels or (labels_in_source(src, dict(storage_options or {})) if folder_labels
                                               else None),
-                        folder_labels=folder_labels, workers=workers or default_workers(src),
+                        folder_labels=folder_labels, classes=parse_classes(classes),
+                        workers=workers or default_workers(src),
                         on_error=on_error, verify=verify, storage_options=dict(storage_options or {}))
     try:
         return ConvertResult.from_summary(_convert(cfg))

@@ -2,10 +2,11 @@
 one ``Store`` whose ``batches()`` are one epoch of numpy batches."""
 from __future__ import annotations
 
-from typing import Any, Iterator, Literal, Mapping
+from typing import Any, Iterator, Literal, Mapping, Sequence
 
 from trainfeed.converters.formats.foreign import foreign_schema
 from trainfeed.converters.formats.options import OpenOptions, merge_options
+from trainfeed.converters.sources.labels import parse_classes
 from trainfeed.training.reading import readers
 from trainfeed.training.reading.readers import Batch
 from trainfeed.training.reading.store import EpochOptions
@@ -96,7 +97,8 @@ def epoch_options(options: EpochOptions | None, **keywords: Any) -> EpochOptions
 
 def open_store(uri: str, *, options: OpenOptions | None = None, version: int | None = None,
                storage_options: Mapping[str, str] | None = None, format: Format | None = None,
-               field: str | None = None, labels: str | None = None,
+               field: str | None = None, labels: str | None = None, classes: Sequence[str] | None = None,
+               cast: str | None = None,
                io_concurrency: int = 8, cache_dir: str | None = None, cache_limit: int = 10 * 10**9,
                image_size: tuple[int, int] | None = None, fit: str | None = None, tensor_column: str | None = None,
                shape: str | tuple[int, ...] | None = None, dtype: str | None = None, label_column: str | None = None,
@@ -104,7 +106,10 @@ def open_store(uri: str, *, options: OpenOptions | None = None, version: int | N
     """Open the store at ``uri`` (a local path or a URL: abfs://, az://, abfss://, s3://, gs://):
     its format detected unless given, a Delta table at ``version`` (default: the latest), the
     tensor ``field`` (default: the first); ``labels`` is a CSV (id,label) for a folder of small
-    files. On object storage, ``io_concurrency`` range requests are in flight, and ``cache_dir``
+    files (``classes``: their class names in label order, else sorted; ``cast``: a dtype their arrays
+    are read as where no value changes, or "auto", the smallest that holds every .npy file's,
+    found in their headers when the folder is opened). On object storage,
+    ``io_concurrency`` range requests are in flight, and ``cache_dir``
     (at most ``cache_limit`` bytes) keeps what is read for later epochs. Encoded images are
     decoded to ``image_size`` (height, width; default: the store's size). Arrays of different
     shapes (a store converted with ``ragged=True``, or a folder of small files that mixes shapes)
@@ -120,7 +125,8 @@ def open_store(uri: str, *, options: OpenOptions | None = None, version: int | N
     the keywords (``format`` stays a keyword; a keyword that differs from it is refused). Raises
     ``TrainfeedError`` naming the problem (``UsageError`` for options that do not fit together)."""
     opts = merge_options(OpenOptions, options, dict(
-        version=version, field=field, labels=labels, storage_options=dict(storage_options or {}),
+        version=version, field=field, labels=labels, classes=parse_classes(classes), cast=cast,
+        storage_options=dict(storage_options or {}),
         io_concurrency=io_concurrency, cache_dir=cache_dir, cache_limit=cache_limit, image_size=image_size, fit=fit,
         foreign=foreign_schema(tensor_column, shape, dtype, label_column, id_column, tensor_encoding)))
     return Store(readers.open_store(uri, format, opts))

@@ -16,6 +16,7 @@ from trainfeed.converters.formats.registry import FORMATS
 from trainfeed.converters.layout import SUPPORTED_DTYPES
 from trainfeed.converters.redact import redact, redact_json
 from trainfeed.converters.sources.decode import parse_resize
+from trainfeed.converters.sources.labels import parse_classes
 from trainfeed.converters.storage.config import parse_storage_options
 from trainfeed.training.config import TrainConfig
 from trainfeed.training.reading.readers import POOLS
@@ -152,7 +153,14 @@ def main_command(
                                 "whatever its path) or another model is refused (exit 1); nothing in it is run."),
     delta_version: Optional[int] = typer.Option(None, "--delta-version", help="Train on this Delta table version "
                                                 "(Delta tables only; 0 to the latest version)."),
-    labels: Optional[str] = typer.Option(None, "--labels", help="blob: labels CSV (id,label), as convert takes it."),
+    labels: Optional[str] = typer.Option(None, "--labels", help="blob: labels CSV (id,label), as convert takes it "
+                                         "(default: DATA/labels.csv when there is one, else class subfolders)."),
+    cast: Optional[str] = typer.Option(None, "--cast", help="blob: read every array as this dtype where no value "
+                                       "changes (a file with one that would is an error naming it), for a folder "
+                                       "mixing dtypes; auto: the smallest dtype that holds every .npy file's, found "
+                                       "in their headers first (as convert --dtype auto)."),
+    classes: Optional[str] = typer.Option(None, "--classes", help="blob: class names in label order, joined by "
+                                          "commas (as convert --classes), for --data and --eval-data folders."),
     field: Optional[str] = typer.Option(None, "--field", help="Tensor field to train on (default: the first)."),
     shuffle_buffer: int = typer.Option(256, "--shuffle-buffer", help="Samples shuffled together (at least; held "
                                        "in memory, shared among the lanes; at most 1 GB of samples)."),
@@ -227,7 +235,8 @@ def main_command(
             epochs=epochs, workers=workers, pool=pool.value,
             amp=amp, seed=seed, lr=lr, width=width, num_classes=num_classes, out=out, eval_data=eval_data,
             checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
-            delta_version=delta_version, labels_csv=labels, field_name=field, shuffle_buffer=shuffle_buffer,
+            delta_version=delta_version, labels_csv=labels, classes=parse_classes(classes), cast=cast, field_name=field,
+            shuffle_buffer=shuffle_buffer,
             warmup_steps=warmup_steps, storage_options=parse_storage_options(storage_option), progress=progress,
             io_concurrency=io_concurrency, cache_dir=cache_dir, cache_limit=parse_size(cache_limit, "--cache-limit"),
             image_size=parse_resize(image_size, "--image-size"), fit=fit,

@@ -54,6 +54,8 @@ class TrainConfig:
     resume: bool = False
     delta_version: int | None = None
     labels_csv: str | None = None
+    classes: tuple[str, ...] | None = None  # a folder of small files: class names in label order (else sorted)
+    cast: str | None = None  # a folder of small files: arrays read as this dtype where no value changes, or "auto"
     field_name: str | None = None
     shuffle_buffer: int = 256
     warmup_steps: int = 1
@@ -78,6 +80,7 @@ class TrainConfig:
     def open_options(self) -> OpenOptions:
         """What ``data`` is opened with: the one place these fields become an ``OpenOptions``."""
         return OpenOptions(version=self.delta_version, field=self.field_name, labels=self.labels_csv,
+                           classes=self.classes, cast=self.cast,
                            storage_options=self.storage_options, io_concurrency=self.io_concurrency,
                            cache_dir=self.cache_dir, cache_limit=self.cache_limit, image_size=self.image_size,
                            fit=self.fit, foreign=self.foreign)

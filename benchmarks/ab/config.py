@@ -1,16 +1,20 @@
 """What a storage A/B matrix is: the stores, nodes and image storages it can name, its settings
-(MatrixConfig), the matrix a scenario file describes (prepare), and the errors that fail one
-cell without stopping the matrix."""
+(MatrixConfig), the matrix a scenario file describes (prepare), and how an error fails one
+cell (or one store's cells) without stopping the matrix (``stage``)."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from trainfeed.benchmarks.model.profiles import save_object_store
 from trainfeed.benchmarks.model.scenario import SCENARIO_COPY, Scenario
 from trainfeed.benchmarks.synth import generate_volumes
 from trainfeed.converters.errors import TrainfeedError
 from trainfeed.converters.formats.registry import FORMATS
+from trainfeed.converters.redact import redact
+from trainfeed.converters.sources.decode import ArrayOptions
 from trainfeed.converters.storage.fetch import DEFAULT_IO_CONCURRENCY
 
 #: The small-file layout as it is (the baseline), then every format of the registry.
@@ -18,8 +22,41 @@ STORES = tuple(dict.fromkeys(("blob", *FORMATS)))
 #: How a compacted store of an image folder holds its images (``convert --image-storage``).
 IMAGE_STORAGES = ("encoded", "decoded")
 REAL_NODES = ("cpu", "cuda")
-#: What makes one cell (or one store's cells) fail without stopping the matrix.
+#: The errors a cell expects to meet (the data, the storage, a library refusing): their message
+#: is the reason as it is. Any other error fails the cell too, named by its type.
 CELL_ERRORS = (TrainfeedError, RuntimeError, OSError)
+
+
+class CellFailed(Exception):
+    """A cell (or every cell of a store) failed at ``stage``; ``reason``: why, redacted."""
+
+    def __init__(self, stage: str, reason: str):
+        super().__init__(reason)
+        self.stage, self.reason = stage, reason
+
+
+def in_our_words(message: str) -> str:
+    """A reader's message as `storage-bench run` spells its options (it resizes with --resize)."""
+    return message.replace("pass --image-size HxW", "pass --resize HxW")
+
+
+def why(exc: BaseException) -> str:
+    """The reason an error gives, redacted and in storage-bench's words; an error outside
+    CELL_ERRORS (a bug, an unforeseen library error) is named by its type."""
+    text = in_our_words(redact(exc))
+    return text if isinstance(exc, CELL_ERRORS) else f"unexpected {type(exc).__name__}: {text}"
+
+
+@contextmanager
+def stage(name: str) -> Iterator[None]:
+    """Any error inside fails the cell at stage ``name`` (a CellFailed), never the matrix: a
+    cell's measurement runs libraries and models whose errors no list foresees."""
+    try:
+        yield
+    except CellFailed:
+        raise
+    except Exception as exc:
+        raise CellFailed(name, why(exc)) from exc
 
 
 @dataclass
@@ -45,6 +82,12 @@ class MatrixConfig:
     # small files), and how the compacted stores hold the images: one store of each per format
     resize: tuple[int, int] | None = None
     image_storage: tuple[str, ...] = IMAGE_STORAGES
+    image_mode: str = "RGB"  # what the conversion decodes images to: RGB or L (convert --image-mode)
+    reduce_depth: bool = False  # the conversion takes a 16-bit image it cannot keep at 8 bits (--reduce-depth)
+    promote_depth: bool = False  # with image_mode L, the conversion stores 8-bit greyscale as 16-bit (--promote-depth)
+    # arrays: how the compacted stores hold them and how every store is read (convert's and train's options)
+    arrays: ArrayOptions = field(default_factory=ArrayOptions)  # --ragged, --dtype, --channels of the conversion
+    fit: str | None = None  # samples of different shapes: pad/crop/resize:SHAPE, for every store alike (train --fit)
 
 
 def prepare(scenario: Scenario, out: Path, src: str | None, log, storage_backend: str = "local",

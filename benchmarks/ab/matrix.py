@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-from trainfeed.benchmarks.ab.config import CELL_ERRORS, IMAGE_STORAGES, REAL_NODES, STORES, MatrixConfig
+from trainfeed.benchmarks.ab.config import IMAGE_STORAGES, REAL_NODES, STORES, CellFailed, MatrixConfig, stage
 from trainfeed.benchmarks.ab.measure import (
     CellReading,
     IngestResult,
@@ -35,10 +35,12 @@ from trainfeed.benchmarks.model.profiles import (
     step_seconds,
 )
 from trainfeed.benchmarks.model.verdict import checks, verdict
+from trainfeed.converters.convert import ConvertConfig, check_config
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.progress import MatrixProgress, NullProgress
-from trainfeed.converters.redact import redact, register_storage_options
+from trainfeed.converters.redact import register_storage_options
 from trainfeed.training.metrics import environment
+from trainfeed.training.reading.fitting import Fit
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
@@ -71,11 +73,6 @@ def check_source(cfg: MatrixConfig) -> None:
                              "image to one size")
 
 
-def in_our_words(message: str) -> str:
-    """A reader's message as `storage-bench run` spells its options (it resizes with --resize)."""
-    return message.replace("pass --image-size HxW", "pass --resize HxW")
-
-
 def check_matrix(cfg: MatrixConfig) -> Backend:
     """Usage errors before anything runs; the backend the matrix will stage its stores on."""
     for s in cfg.stores:
@@ -98,6 +95,11 @@ def check_matrix(cfg: MatrixConfig) -> Backend:
             raise UsageError(f"unknown --image-storage {s!r}: choose from {', '.join(IMAGE_STORAGES)}")
     if not cfg.image_storage:
         raise UsageError(f"--image-storage: name at least one of {', '.join(IMAGE_STORAGES)}")
+    if cfg.image_mode not in ("RGB", "L"):
+        raise UsageError(f"--image-mode must be RGB or L, not {cfg.image_mode!r}")
+    if cfg.fit is not None:
+        Fit.parse(cfg.fit)
+    check_config(ConvertConfig(src=cfg.src, dst=cfg.out, fmt="parquet", arrays=cfg.arrays))  # --dtype, --channels
     if cfg.steps < 2 or cfg.cpu_steps < 2:
         raise UsageError("--steps and --cpu-steps must be at least 2 (the first step is warm-up)")
     if cfg.workers < 1 or cfg.io_concurrency < 1:
@@ -127,18 +129,18 @@ def _run(cfg: MatrixConfig, backend: Backend, results: ResultsFile, env: dict, l
          progress: MatrixProgress | NullProgress) -> None:
     out = Path(cfg.out)
     names, staged, failed = stage_stores(cfg, backend, log)
-    compute: dict[tuple[str, str], tuple[float, str, float | None]] = {}
+    compute: dict[tuple[str, str, tuple[int, ...]], tuple[float, str, float | None]] = {}
     grid = [(node, framework) for node in cfg.nodes for framework in cfg.frameworks]
     ingest: dict[str, IngestResult] = {}
     if isinstance(progress, MatrixProgress):
         progress.total_cells = cfg.repeats * len(names) * len(grid)
     index = 0
 
-    def fail(rep: int, store: str, stage: str, error: str) -> None:
-        """Every cell of one store fails for one reason."""
+    def fail(rep: int, store: str, at: str, error: str) -> None:
+        """Every cell of one store fails at stage ``at``, for one reason."""
         for node, framework in grid:
-            results.add(error_record(rep, store, node, framework, stage, error, env))
-        log(f"{store}: every cell failed ({stage}): {error}")
+            results.add(error_record(rep, store, node, framework, at, error, env))
+        log(f"{store}: every cell failed ({at}): {error}")
 
     for rep in range(cfg.repeats):
         for store_name in names:
@@ -152,36 +154,44 @@ def _run(cfg: MatrixConfig, backend: Backend, results: ResultsFile, env: dict, l
             progress.cell(first, f"{store_name} x {grid[0][0]} {grid[0][1]}")
             progress.phase(f"ingest-only {store_name}", cfg.steps)
             try:
-                ingest[store_name] = ingest_only(st.source, ropts, cfg.steps, progress.step)
-            except CELL_ERRORS as exc:
-                progress.end_cell(f"ingest-only failed: {in_our_words(redact(exc))}")
-                fail(rep, store_name, "ingest-only", in_our_words(redact(exc)))
+                with stage("ingest-only"):
+                    ingest[store_name] = ingest_only(st.source, ropts, cfg.steps, progress.step)
+                with stage("model"):  # the FLOPs of the model every cell of the store trains
+                    flops_step = model_flops(st.shape, cfg.width) * cfg.batch_size
+            except CellFailed as exc:
+                progress.end_cell(f"{exc.stage} failed: {exc.reason}")
+                fail(rep, store_name, exc.stage, exc.reason)
                 continue
-            flops_step = model_flops(st.shape, cfg.width) * cfg.batch_size
             for n, (node, framework) in enumerate(grid):
                 if n:
                     progress.cell(first + n, f"{store_name} x {node} {framework}")
-                cell = {"kind": "cell", "results_version": RESULTS_VERSION, "repeat": rep, "store": store_name,
-                        "node": node, "framework": framework, "batch_size": cfg.batch_size, "width": cfg.width,
-                        "sample_shape": list(st.shape), "sample_bytes": st.sample_bytes,
-                        "image_storage": st.image_storage,
-                        "stages": asdict(st.stages) if st.stages is not None else None,
-                        "flops_per_step": flops_step, "storage": storage_record(backend, st.url),
-                        "connections": connections(cfg, backend), "env": env, "page_cache": "warm after the first read"}
                 try:
+                    cell = _cell_record(cfg, rep, store_name, node, framework, st, flops_step, backend, env)
                     cell.update(_measure_cell(cfg, node, framework, st, ropts, flops_step, compute,
                                               out / "cells" / f"{store_name}-{node}-{framework}-{rep}", progress))
                     cell["ingest_only"] = asdict(ingest[store_name])
-                    cell["checks"] = checks(cell)
-                    cell["verdict"] = verdict(cell)
-                except CELL_ERRORS as exc:
-                    cell = error_record(rep, store_name, node, framework, "cell", in_our_words(redact(exc)), env)
+                    with stage("verdict"):
+                        cell["checks"] = checks(cell)
+                        cell["verdict"] = verdict(cell)
+                except CellFailed as exc:
+                    cell = error_record(rep, store_name, node, framework, exc.stage, exc.reason, env)
                 cell = results.add(cell)
                 progress.end_cell(f"{cell['real']['samples_per_s']:.1f} samples/s, stall "
                                   f"{100 * cell['real']['stall_fraction']:.0f}%, {cell['verdict']['bottleneck']}"
-                                  if cell["kind"] == "cell" else f"failed: {cell['error']}")
+                                  if cell["kind"] == "cell" else f"failed ({cell['stage']}): {cell['error']}")
     location_effect(cfg, backend, staged, ingest, results, env, log)
 
+
+def _cell_record(cfg: MatrixConfig, rep: int, store: str, node: str, framework: str, st: Staged, flops_step: float,
+                 backend: Backend, env: dict) -> dict:
+    """A cell's record before it is measured: what it reads, from where, with what budget."""
+    with stage("record"):
+        return {"kind": "cell", "results_version": RESULTS_VERSION, "repeat": rep, "store": store, "node": node,
+                "framework": framework, "batch_size": cfg.batch_size, "width": cfg.width,
+                "sample_shape": list(st.shape), "sample_bytes": st.sample_bytes, "image_storage": st.image_storage,
+                "stages": asdict(st.stages) if st.stages is not None else None,
+                "flops_per_step": flops_step, "storage": storage_record(backend, st.url),
+                "connections": connections(cfg, backend), "env": env, "page_cache": "warm after the first read"}
 
 
 def _logged(log: Callable[[str], None], name: str, measure: Callable[[], IngestResult]) -> IngestResult:
@@ -209,42 +219,45 @@ def location_effect(cfg: MatrixConfig, backend: Backend, staged: dict, ingest: d
            "storage": backend.describe(staged[best].url), "connections": connections(cfg, backend), "env": env,
            "on_storage": asdict(compacted[best])}
     try:
-        path = local_copy(staged[best].url, backend,
-                          Path(cfg.out) / "local-copy" / posixpath.basename(staged[best].url))
-        local = StoreSource(path, {}, staged[best].source.fmt)
-        rec["local_copy"] = path
-        rec["local_disk"] = asdict(_logged(log, name,
-                                           lambda: ingest_only(local, reader_options(cfg, local), cfg.steps)))
-    except CELL_ERRORS as exc:
-        log(f"{name}: failed: {redact(exc)}")
-        results.add(error_record(cfg.repeats - 1, best, None, None, "location-effect", redact(exc), env))
+        with stage("location-effect"):
+            path = local_copy(staged[best].url, backend,
+                              Path(cfg.out) / "local-copy" / posixpath.basename(staged[best].url))
+            local = StoreSource(path, {}, staged[best].source.fmt)
+            rec["local_copy"] = path
+            rec["local_disk"] = asdict(_logged(log, name,
+                                               lambda: ingest_only(local, reader_options(cfg, local), cfg.steps)))
+    except CellFailed as exc:
+        log(f"{name}: failed: {exc.reason}")
+        results.add(error_record(cfg.repeats - 1, best, None, None, exc.stage, exc.reason, env))
         return
     results.add(rec)
 
 
 def _measure_cell(cfg: MatrixConfig, node: str, framework: str, st: Staged, ropts: CellReading, flops_step: float,
                   compute: dict, cell_dir: Path, progress: MatrixProgress | NullProgress) -> dict:
-    cell_dir.mkdir(parents=True, exist_ok=True)
-    key = (node, framework)
-    if node in REAL_NODES:
-        if key not in compute:
+    """Compute-only (measured once per node, framework and sample shape) and the real run."""
+    key = (node, framework, st.shape)
+    with stage("compute-only"):
+        if key not in compute and node in REAL_NODES:
             progress.phase("compute-only", None)
             seconds, cpu_s = (compute_only_torch(st.shape, cfg.batch_size, cfg.width, 3, node, cfg.amp)
                               if framework == "torch" else compute_only_tf(st.shape, cfg.batch_size, cfg.width, 3))
             compute[key] = (seconds, "measured", cpu_s)
-        progress.phase("real run", None)
-        real = real_cpu_run(st.source, cfg, framework, cell_dir, node,
-                            cfg.resize if st.image_storage == "encoded" else None)
-        profile: dict[str, Any] = {"node_kind": "real", "device": node}
-    else:
-        acc = load_accelerator(node)
-        if key not in compute:
-            compute[key] = (*step_seconds(acc, flops_step, calibration_key(st.shape, cfg.batch_size, cfg.width,
-                                                                             cfg.amp), cfg.amp), None)
-        progress.phase("real run", cfg.steps)
-        real = emulated_run(st.source, ropts, compute[key][0], cfg.steps, cell_dir, progress.step)
-        profile = {"node_kind": "emulated", "accelerator": asdict(acc)}
-    step_s, how, cpu_s = compute[key]
-    return {"compute_only": {"step_s": step_s, "samples_per_s": cfg.batch_size / step_s, "how": how,
-                             "cpu_s_per_step": cpu_s},
-            "real": real, **profile}
+        elif key not in compute:  # an emulated node: its profile's step time
+            compute[key] = (*step_seconds(load_accelerator(node), flops_step,
+                                          calibration_key(st.shape, cfg.batch_size, cfg.width, cfg.amp), cfg.amp), None)
+        step_s, how, cpu_s = compute[key]
+        compute_only = {"step_s": step_s, "samples_per_s": cfg.batch_size / step_s, "how": how,
+                        "cpu_s_per_step": cpu_s}
+    with stage("real run"):
+        cell_dir.mkdir(parents=True, exist_ok=True)
+        if node in REAL_NODES:
+            progress.phase("real run", None)
+            real = real_cpu_run(st.source, cfg, framework, cell_dir, node,
+                                cfg.resize if st.image_storage == "encoded" else None)
+            profile: dict[str, Any] = {"node_kind": "real", "device": node}
+        else:
+            progress.phase("real run", cfg.steps)
+            real = emulated_run(st.source, ropts, step_s, cfg.steps, cell_dir, progress.step)
+            profile = {"node_kind": "emulated", "accelerator": asdict(load_accelerator(node))}
+    return {"compute_only": compute_only, "real": real, **profile}

@@ -16,6 +16,7 @@ from trainfeed.benchmarks.ab.hostload import LoadMonitor
 from trainfeed.benchmarks.ab.storage import StoreSource
 from trainfeed.benchmarks.model.verdict import MIN_TIMED_SAMPLES, MIN_TIMED_SECONDS
 from trainfeed.converters.formats.options import OpenOptions
+from trainfeed.converters.formats.registry import IN_PLACE
 from trainfeed.training.config import Device, Framework, TrainConfig
 from trainfeed.training.metrics import StepTimer, UtilizationSampler, record
 from trainfeed.training.reading.prefetch import Prefetcher
@@ -255,7 +256,8 @@ def real_cpu_run(src: StoreSource, cfg: MatrixConfig, framework: str, out_dir: P
                        out=str(out_dir), labels_csv=src.labels_csv,
                        shuffle_buffer=2 * cfg.batch_size,
                        storage_options=src.storage_options, progress=False, amp=cfg.amp,
-                       image_size=image_size, augment=False)
+                       image_size=image_size, fit=cfg.fit, channels=cfg.arrays.channels, augment=False,
+                       cast=cfg.arrays.dtype if src.fmt == IN_PLACE else None)
     with LoadMonitor(include_children=True) as load:
         summary = run(tcfg)
     timeline = [json.loads(line) for line in (out_dir / "utilization.jsonl").read_text().splitlines()]

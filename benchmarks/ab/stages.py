@@ -69,11 +69,11 @@ def stage_costs(store: Store, samples: int = SAMPLES, seed: int = 0) -> StageCos
 
 
 def augmented(pixels: np.ndarray, sample_id: str, augment: images.Augment) -> np.ndarray:
-    """``pixels`` (H, W, C) with the random resized crop and flip training draws for ``sample_id``,
-    at the same size."""
-    height, width, channels = pixels.shape
+    """``pixels`` (H, W, C), or (H, W) as a store of greyscale pixels holds them, with the random
+    resized crop and flip training draws for ``sample_id``, at the same size."""
+    height, width = pixels.shape[:2]
     box, flip = augment.draw(sample_id, width, height)
-    img = Image.fromarray(pixels[..., 0] if channels == 1 else pixels)
+    img = Image.fromarray(pixels[..., 0] if pixels.ndim == 3 and pixels.shape[2] == 1 else pixels)
     out = np.asarray(img.resize((width, height), Image.Resampling.BILINEAR, box=box)).reshape(pixels.shape)
     return out[:, ::-1] if flip else out
 

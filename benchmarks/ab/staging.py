@@ -2,12 +2,12 @@
 cells will read it, with the reader options and connection budget every cell shares."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
 
-from trainfeed.benchmarks.ab.config import CELL_ERRORS, MatrixConfig
+from trainfeed.benchmarks.ab.config import MatrixConfig, why
 from trainfeed.benchmarks.ab.measure import CellReading
 from trainfeed.benchmarks.ab.stages import StageCosts, stage_costs
 from trainfeed.benchmarks.ab.storage import Backend, StoreSource, stage_small_files, stage_store
@@ -15,16 +15,17 @@ from trainfeed.benchmarks.model.measured import STAGES
 from trainfeed.converters.errors import UsageError
 from trainfeed.converters.formats.options import OpenOptions
 from trainfeed.converters.formats.registry import IN_PLACE
-from trainfeed.converters.redact import redact
 from trainfeed.converters.sources.decode import ImageOptions
+from trainfeed.training.loops.plan import model_input_shape
 from trainfeed.training.reading.readers import EpochOptions, open_store
+from trainfeed.training.reading.store import Store
 
 
 @dataclass(frozen=True)
 class Staged:
-    """One store staged on the backend: its URL there, how the cells read it, the samples its
-    batches deliver (shape, bytes), how it holds images (None: no images) and, for image
-    stores, the CPU cost of each stage (``stages.stage_costs``)."""
+    """One store staged on the backend: its URL there, how the cells read it, the shape the
+    models take its samples in (``model_shape``) and their bytes, how it holds images (None: no
+    images) and, for image stores, the CPU cost of each stage (``stages.stage_costs``)."""
 
     url: str
     source: StoreSource
@@ -51,8 +52,8 @@ def stage_stores(cfg: MatrixConfig, backend: Backend, log: Callable[[str], None]
     converted from the small files as staged."""
     try:
         small_files, labels = stage_small_files(cfg.src, cfg.labels_csv, cfg.storage_options, backend, log)
-    except CELL_ERRORS as exc:
-        reason = redact(exc)
+    except Exception as exc:  # every store's cells fail, with the reason; the report says it
+        reason = why(exc)
         log(f"stage small files: failed: {reason}")
         return list(cfg.stores), {}, dict.fromkeys(cfg.stores, reason)
     blob = backend.source(small_files, IN_PLACE, labels)
@@ -60,7 +61,7 @@ def stage_stores(cfg: MatrixConfig, backend: Backend, log: Callable[[str], None]
         images = open_store(blob.path, blob.fmt, reader_options(cfg, blob).open).images is not None
     except UsageError:
         raise
-    except CELL_ERRORS:
+    except Exception:
         images = None  # unknown: the small files do not open; the loop below records why, store by store
     if cfg.resize and images is False:
         raise UsageError(f"--resize: {cfg.src} holds no JPEG/PNG images")
@@ -68,22 +69,34 @@ def stage_stores(cfg: MatrixConfig, backend: Backend, log: Callable[[str], None]
     opened, failed = {}, {}
     for name, (fmt, storage) in variants.items():
         try:
-            image = ImageOptions(resize=cfg.resize, storage=storage or "encoded")
-            url = small_files if fmt == IN_PLACE else stage_store(fmt, small_files, labels, backend, log, name, image)
+            image = ImageOptions(resize=cfg.resize, storage=storage or "encoded", mode=cfg.image_mode,
+                                 reduce_depth=cfg.reduce_depth, promote_depth=cfg.promote_depth)
+            url = small_files if fmt == IN_PLACE else stage_store(fmt, small_files, labels, backend, log, name, image,
+                                                                  cfg.arrays)
             src = blob if fmt == IN_PLACE else backend.source(url, fmt)
             store = open_store(src.path, src.fmt, reader_options(cfg, src).open)
-            spec = store.sample_spec
+            spec, shape = store.sample_spec, model_shape(store, cfg.arrays.channels)
             stages = _logged_stages(log, name, store) if images else None
         except UsageError:
             raise
-        except CELL_ERRORS as exc:
-            failed[name] = redact(exc).replace("pass --image-size HxW", "pass --resize HxW")
+        except Exception as exc:  # this store's cells fail, with the reason; the others run
+            failed[name] = why(exc)
             log(f"stage {name}: failed: {failed[name]}")
         else:
             assert spec.shape is not None, "raw arrays and decoded images have a fixed shape"
-            opened[name] = Staged(url, src, tuple(spec.shape), int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize,
+            opened[name] = Staged(url, src, shape, int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize,
                                   storage, stages)
     return list(variants), opened, failed
+
+
+def model_shape(store: Store, channels: str | None = None) -> tuple[int, ...]:
+    """The shape the models take the store's samples in, by train's own rule (an (H, W) sample
+    gains a channel axis; channels first, as ``channels`` or the store says, are moved last; a
+    shape no model takes, or one that looks channels-first unsaid, is refused), labeled or not:
+    reading an unlabeled store is measured too, and a real-node cell, which trains, says labels
+    are missing."""
+    spec = replace(store.spec, channels=channels or store.spec.channels)
+    return model_input_shape(replace(store, spec=spec, schema=replace(store.schema, labeled=True)))
 
 
 def _logged_stages(log: Callable[[str], None], name: str, store) -> StageCosts:
@@ -98,7 +111,8 @@ def reader_options(cfg: MatrixConfig, src: StoreSource) -> CellReading:
     # and the short measured window flow from memory; no disk cache: every cell reads the storage;
     # full batches only, as the training loop reads
     return CellReading(OpenOptions(labels=src.labels_csv, storage_options=src.storage_options,
-                                   io_concurrency=cfg.io_concurrency, image_size=cfg.resize),
+                                   io_concurrency=cfg.io_concurrency, image_size=cfg.resize, fit=cfg.fit,
+                                   cast=cfg.arrays.dtype if src.fmt == IN_PLACE else None),
                        EpochOptions(batch_size=cfg.batch_size, workers=cfg.workers, shuffle=True, seed=0,
                                     shuffle_buffer=2 * cfg.batch_size, pool="arrow", drop_last=True))
 

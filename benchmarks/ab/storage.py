@@ -22,7 +22,7 @@ from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.formats.options import WriteOptions
 from trainfeed.converters.formats.registry import FORMATS
 from trainfeed.converters.redact import redact_url, register_storage_options
-from trainfeed.converters.sources.decode import ImageOptions
+from trainfeed.converters.sources.decode import ArrayOptions, ImageOptions
 from trainfeed.converters.storage.config import AZURE, S3
 from trainfeed.converters.storage.filesystems import is_local, open_fs
 from trainfeed.converters.storage.location import is_remote
@@ -170,10 +170,12 @@ def stage_small_files(src: str, labels_csv: str | None, src_options: dict, backe
 
 
 def stage_store(fmt: str, small_files: str, labels_csv: str | None, backend: Backend,
-                log: Callable[[str], None], name: str | None = None, image: ImageOptions | None = None) -> str:
+                log: Callable[[str], None], name: str | None = None, image: ImageOptions | None = None,
+                arrays: ArrayOptions | None = None) -> str:
     """Convert the small files (on the backend) into a ``fmt`` store beside them, named
     ``name`` (default: the format), images as ``image`` says (``convert --resize
-    --image-storage``); its URL. A format whose store may be one file (HDF5) is staged as one."""
+    --image-storage``), arrays as ``arrays`` says (``--ragged --dtype --channels``); its URL.
+    A format whose store may be one file (HDF5) is staged as one."""
     name = name or fmt
     single = FORMATS[fmt].single_file
     dst = backend.url(name + FORMATS[fmt].suffixes[0] if single else name)
@@ -182,7 +184,7 @@ def stage_store(fmt: str, small_files: str, labels_csv: str | None, backend: Bac
     summary = convert(ConvertConfig(src=small_files, dst=dst, fmt=fmt, labels_csv=labels_csv,
                                     storage_options=backend.options,
                                     write=WriteOptions(row_group_size=8 * 10**6, mode="overwrite"),
-                                    image=image or ImageOptions(),
+                                    image=image or ImageOptions(), arrays=arrays or ArrayOptions(),
                                     workers=max(2, os.cpu_count() or 2)))
     log(f"stage {name}: {summary['samples']:,} samples, {summary['files_out']} files, "
         f"{summary['bytes_out'] / 1e6:,.1f} MB in {time.perf_counter() - t0:.1f} s")

@@ -12,6 +12,11 @@ the floor's CPU seconds over the engine's for the same bytes (less sensitive to 
 
     python -m trainfeed.benchmarks.micro.loader_bench --out bench-out/loader.jsonl [--gb 0.3] [--repeats 3]
 
+``--ragged``: the same samples also converted with ``convert --ragged`` (each sample's shape
+stored beside it: the same tensor bytes), read after the fixed-shape store in each repeat as
+stored (an object array of samples) and through ``fit=pad:SHAPE`` of their own shape (batches
+bit for bit the fixed store's): what a ragged store costs against a fixed one, ``vs_fixed``.
+
 Runs against any trainfeed that has ``open_store``/``iter_batches`` (to compare with an older
 reader, run this file with that checkout's interpreter from its folder).
 """
@@ -33,6 +38,7 @@ from trainfeed.benchmarks.micro.convert_bench import ensure_dataset
 from trainfeed.converters.convert import ConvertConfig, convert
 from trainfeed.converters.formats.options import OpenOptions, WriteOptions
 from trainfeed.converters.layout import ID, LABEL
+from trainfeed.converters.sources.decode import ArrayOptions
 from trainfeed.training.metrics import environment
 from trainfeed.training.reading.readers import EpochOptions, iter_batches, open_store
 
@@ -40,15 +46,17 @@ MB = 10**6
 FORMATS = ("parquet", "delta", "hdf5", "blob")
 
 
-def build_stores(src: Path, work: Path) -> dict[str, Path]:
-    """One store per writable format (uncompressed, default sizes), cached across runs; blob is the source."""
+def build_stores(src: Path, work: Path, ragged: bool = False) -> dict[str, Path]:
+    """One store per writable format (uncompressed, default sizes), cached across runs; blob is the
+    source. ``ragged``: also FORMAT-ragged, the same samples converted with --ragged."""
     out = {"blob": src}
     for fmt in ("parquet", "delta", "hdf5"):
-        dst = work / f"store-{src.name}-{fmt}"
-        if not dst.exists():
-            convert(ConvertConfig(src=str(src), dst=str(dst), fmt=fmt, write=WriteOptions(),
-                                  labels_csv=str(src / "labels.csv")))
-        out[fmt] = dst
+        for suffix, arrays in (("", ArrayOptions()), *((("-ragged", ArrayOptions(ragged=True)),) if ragged else ())):
+            dst = work / f"store-{src.name}-{fmt}{suffix}"
+            if not dst.exists():
+                convert(ConvertConfig(src=str(src), dst=str(dst), fmt=fmt, write=WriteOptions(),
+                                      labels_csv=str(src / "labels.csv"), arrays=arrays))
+            out[fmt + suffix] = dst
     return out
 
 
@@ -90,11 +98,12 @@ def floor(fmt: str, path: Path, workers: int) -> tuple[float, float, int]:
     return seconds, cpu, rows * sample_nbytes
 
 
-def engine(fmt: str, path: Path, workers: int) -> tuple[float, float, int]:
+def engine(fmt: str, path: Path, workers: int, fit: str | None = None) -> tuple[float, float, int]:
     """Seconds, CPU seconds (all threads) and tensor bytes of one shuffled epoch through trainfeed's reader."""
     opts = EpochOptions(batch_size=32, workers=workers, shuffle=True, shuffle_buffer=256, drop_last=False,
                         pool="arrow")
-    store = open_store(str(path), fmt, OpenOptions(labels=str(path / "labels.csv") if fmt == "blob" else None))
+    store = open_store(str(path), fmt, OpenOptions(labels=str(path / "labels.csv") if fmt == "blob" else None,
+                                                   fit=fit))
     t0, c0 = time.perf_counter(), time.process_time()
     nbytes = sum(batch.nbytes for batch in iter_batches(store, opts))
     return time.perf_counter() - t0, time.process_time() - c0, nbytes
@@ -109,11 +118,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--label", default="", help="recorded with every line (e.g. which checkout ran it)")
+    ap.add_argument("--ragged", action="store_true", help="also read the same samples stored with --ragged")
     args = ap.parse_args(argv)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     src = ensure_dataset(work, args.gb)
-    stores = build_stores(src, work)
+    stores = build_stores(src, work, args.ragged)
+    shape = "x".join(map(str, open_store(str(stores["parquet"]), "parquet").spec.shape or ()))
     env = {**environment(), "page_cache": "warm (every store read by the floor and the engine once before timing)"}
     formats = args.formats.split(",")
     for fmt in formats:  # warm the page cache, and the code paths, for every layout alike
@@ -137,20 +148,41 @@ def main(argv: list[str] | None = None) -> None:
                 records.append(rec)
                 out.write(json.dumps(rec) + "\n")
                 out.flush()
+                if args.ragged and fmt != "blob":
+                    for variant, fit in (("ragged", None), ("ragged+fit", f"pad:{shape}")):
+                        r_seconds, r_cpu, r_bytes = engine(fmt, stores[fmt + "-ragged"], args.workers, fit)
+                        assert r_bytes == nbytes, f"{fmt} {variant}: {r_bytes} bytes, the fixed store {nbytes}"
+                        rec = {"bench": "loader", "format": fmt, "variant": variant, "label": args.label,
+                               "repeat": rep, "workers": args.workers, "mb": r_bytes / MB,
+                               "mb_per_s": r_bytes / r_seconds / MB, "cpu_s_per_gb": r_cpu / r_bytes * 1e9,
+                               "vs_fixed": seconds / r_seconds, "cpu_vs_fixed": r_cpu / cpu, "env": env}
+                        records.append(rec)
+                        out.write(json.dumps(rec) + "\n")
+                        out.flush()
     print(summarize(records))
 
 
 def summarize(records: list[dict]) -> str:
     lines = [f"{'format':<10}{'engine MB/s':>12}{'floor MB/s':>12}{'vs floor':>10}{'CPU s/GB':>10}"
              f"{'floor CPU s/GB':>16}{'CPU vs floor':>14}   (medians of pairs)"]
-    for fmt in dict.fromkeys(r["format"] for r in records):
-        rs = [r for r in records if r["format"] == fmt]
+    fixed = [r for r in records if "variant" not in r]
+    for fmt in dict.fromkeys(r["format"] for r in fixed):
+        rs = [r for r in fixed if r["format"] == fmt]
         lines.append(f"{fmt:<10}{statistics.median(r['mb_per_s'] for r in rs):>12.0f}"
                      f"{statistics.median(r['floor_mb_per_s'] for r in rs):>12.0f}"
                      f"{statistics.median(r['vs_floor'] for r in rs):>10.2f}"
                      f"{statistics.median(r['cpu_s_per_gb'] for r in rs):>10.2f}"
                      f"{statistics.median(r['floor_cpu_s_per_gb'] for r in rs):>16.2f}"
                      f"{statistics.median(r['cpu_vs_floor'] for r in rs):>14.2f}")
+    ragged = [r for r in records if "variant" in r]
+    if ragged:
+        lines.append(f"\n{'ragged store':<22}{'MB/s':>8}{'x fixed MB/s':>14}{'CPU s/GB':>10}{'CPU x fixed':>13}")
+    for key in dict.fromkeys((r["format"], r["variant"]) for r in ragged):
+        rs = [r for r in ragged if (r["format"], r["variant"]) == key]
+        lines.append(f"{' '.join(key):<22}{statistics.median(r['mb_per_s'] for r in rs):>8.0f}"
+                     f"{statistics.median(r['vs_fixed'] for r in rs):>14.2f}"
+                     f"{statistics.median(r['cpu_s_per_gb'] for r in rs):>10.2f}"
+                     f"{statistics.median(r['cpu_vs_fixed'] for r in rs):>13.2f}")
     return "\n".join(lines)
 
 

@@ -21,11 +21,13 @@ from trainfeed.benchmarks.model.cost import (
     project_catalog,
     projection_row,
     recommend,
+    repeat_layouts,
     store_layout,
 )
 from trainfeed.benchmarks.model.measured import device_of, loader_of, storage_of
+from trainfeed.benchmarks.model.noise import level
 from trainfeed.benchmarks.model.profiles import Accelerator, ObjectStore
-from trainfeed.benchmarks.model.projection import Device, Feed, Loader, Machine, feed
+from trainfeed.benchmarks.model.projection import Device, Feed, Layout, Loader, Machine, feed
 from trainfeed.benchmarks.model.remedies import Remedy, remedies
 from trainfeed.benchmarks.model.scenario import Scenario
 
@@ -82,6 +84,7 @@ class Gains:
     repacked: str
     repacked_s: float
     repack_gain: float
+    repack_level: bool  # the two times are within the noise (noise.level): no gain to state
     better_loading: str | None
     better_loading_gain: float | None
 
@@ -91,7 +94,8 @@ class Advice:
     """Everything a report advises (``build_advice``): the plan and its options, the headline (each
     measured node, or the scenario's), every option projected on the catalog (label -> rows, as
     costs.csv holds them), the feeds per GPU, the remedies per encoded store, the recommendation,
-    the gains per headline node and, for a scenario, the comparison with its published times."""
+    the gains per headline node, for a scenario the comparison with its published times, and
+    each store's layout as projected."""
 
     plan: Plan
     options: list[Option]
@@ -102,6 +106,7 @@ class Advice:
     recommendation: Recommendation | None
     gains: list[Gains | None]
     reference: Reference | None
+    layouts: dict[str, Layout]
 
 
 def plan_for(cells: list[dict], workload: Workload, baseline: Loader | None = None,
@@ -159,6 +164,7 @@ def build_advice(cells: list[dict], catalog: list[Instance], dbu: dict[str, DbuR
                  stores: list[str]) -> Advice:
     accelerators = calibrated(cells)
     layouts = {s: layout for s in stores if (layout := store_layout(cells, s)) is not None}
+    repeats = {s: repeat_layouts(cells, s) for s in layouts}
     opts = [o for o in options(plan, stores) if o.store in layouts]
     batch = next(c for c in cells if c["kind"] == "cell")["batch_size"]
     accs = _with_efficiency(accelerators, plan.scenario)
@@ -169,7 +175,8 @@ def build_advice(cells: list[dict], catalog: list[Instance], dbu: dict[str, DbuR
             measured = {c["store"] for c in cells if c["kind"] == "cell" and c["node"] == node}
             if machine is not None:  # a store whose cell on this node failed is not projected onto it
                 headline.append(HeadlineNode(node, machine, [
-                    projection_row(machine, layouts[o.store], o.loader, plan.storage, batch, plan.workload)
+                    projection_row(machine, layouts[o.store], o.loader, plan.storage, batch, plan.workload,
+                                   repeats=repeats[o.store])
                     | {"option": o.label} for o in opts if o.store in measured]))
     else:
         by_name = {i.name: i for i in catalog}
@@ -181,7 +188,8 @@ def build_advice(cells: list[dict], catalog: list[Instance], dbu: dict[str, DbuR
             if machine is not None:
                 def rows(m: Machine, inst=inst, n=n) -> list[dict]:
                     return [projection_row(m, layouts[o.store], o.loader, plan.storage, batch,
-                                           plan.workload, inst, cpu_speed=n.cpu_speed, dbu=dbu.get(inst.cloud))
+                                           plan.workload, inst, cpu_speed=n.cpu_speed, dbu=dbu.get(inst.cloud),
+                                           repeats=repeats[o.store])
                             | {"option": o.label} for o in opts]
                 headline.append(HeadlineNode(n.name, machine, rows(machine), instance=inst.name, project=rows))
     for h in headline:
@@ -204,7 +212,8 @@ def build_advice(cells: list[dict], catalog: list[Instance], dbu: dict[str, DbuR
                   remedies={s: r for s, r in fixes.items() if r},
                   recommendation=recommend(projections),
                   gains=[gains(h, plan) for h in headline],
-                  reference=reference(headline, plan) if plan.scenario else None)
+                  reference=reference(headline, plan) if plan.scenario else None,
+                  layouts=layouts)
 
 
 def feeds(cells: list[dict], catalog: list[Instance], plan: Plan, opts: list[Option], headline: list[HeadlineNode],
@@ -251,7 +260,7 @@ def gains(head: HeadlineNode, plan: Plan) -> Gains | None:
     best = min(compacted, key=lambda r: r["seconds"])
     return Gains(node=head.node, today=today["option"], today_s=today["seconds"],
                  repacked=best["option"], repacked_s=best["seconds"],
-                 repack_gain=today["seconds"] / best["seconds"],
+                 repack_gain=today["seconds"] / best["seconds"], repack_level=level(today, best),
                  better_loading=better["option"] if better and better is not today else None,
                  better_loading_gain=today["seconds"] / better["seconds"] if better and better is not today else None)
 

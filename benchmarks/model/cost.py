@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from trainfeed.benchmarks.model.catalog import DbuRate, Instance, hourly_cost
 from trainfeed.benchmarks.model.measured import device_of, layout_of
+from trainfeed.benchmarks.model.noise import spread
 from trainfeed.benchmarks.model.profiles import ACCELERATORS, Accelerator, ObjectStore, calibration_key, step_seconds
 from trainfeed.benchmarks.model.projection import COMPUTE, Device, Layout, Loader, Machine, Projection, feed, project
 
@@ -54,7 +55,15 @@ def store_layout(cells: list[dict], store: str) -> Layout | None:
         return None
     return Layout(store, statistics.median(x.cpu_s_per_sample for x in layouts),
                   statistics.median(x.bytes_per_sample for x in layouts),
-                  statistics.median(x.request_bytes for x in layouts), layouts[0].how)
+                  statistics.median(x.request_bytes for x in layouts), layouts[0].how,
+                  statistics.median(x.dataset_bytes_per_sample for x in layouts))
+
+
+def repeat_layouts(cells: list[dict], store: str) -> list[Layout]:
+    """The store's layout from each repeat's cells alone, one per repeat that measured it: what
+    ``noise.spread`` projects to see how far a projection moves between repeats."""
+    repeats = dict.fromkeys(c["repeat"] for c in cells if c["kind"] == "cell" and c["store"] == store)
+    return [lay for k in repeats if (lay := store_layout([c for c in cells if c["repeat"] == k], store))]
 
 
 def gpu_device(model: str, count: int, cell: dict, accelerators: dict[str, Accelerator] | None = None) -> Device | None:
@@ -96,12 +105,14 @@ def machine_of_instance(inst: Instance, cells: list[dict], accelerators: dict[st
 
 def projection_row(machine: Machine, layout: Layout, loader: Loader, storage: ObjectStore | None, batch: int,
                    workload: Workload, inst: Instance | None = None, *, cpu_speed: float = 1.0,
-                   dbu: DbuRate | None = None, spot: Spot = Spot()) -> dict:
+                   dbu: DbuRate | None = None, spot: Spot = Spot(), repeats: list[Layout] | None = None) -> dict:
     """One row of every projection table: the rate, time and cost of ``workload`` on ``machine``
     reading ``layout`` with ``loader``; the same function for the headline, the catalog and
-    the scenario, so their rows for one machine are equal."""
+    the scenario, so their rows for one machine are equal. ``repeats``: the layout of each
+    repeat alone (``repeat_layouts``), whose projections give the row's ``spread``."""
     if cpu_speed != 1.0:
         layout = replace(layout, cpu_s_per_sample=layout.cpu_s_per_sample / cpu_speed)
+        repeats = [replace(lay, cpu_s_per_sample=lay.cpu_s_per_sample / cpu_speed) for lay in repeats or []]
     proj: Projection = project(machine, layout, loader, storage, batch)
     seconds = proj.seconds(workload.total)
     needed = feed(machine.device, layout, loader, storage, batch, proj.limits[COMPUTE]).vcpus \
@@ -111,9 +122,9 @@ def projection_row(machine: Machine, layout: Layout, loader: Loader, storage: Ob
            "loader": loader.name, "samples_per_s": proj.samples_per_s, "seconds": seconds,
            "bottleneck": proj.bottleneck, "limits": proj.limits, "serial": proj.serial,
            "usd_per_hour": None, "usd_per_job": None, "spot_usd_per_hour": None, "spot_usd_per_job": None,
-           "usd_per_1k_samples": None}
+           "usd_per_1k_samples": None, "spread": spread(machine, repeats or [], loader, storage, batch)}
     if inst is not None:
-        row["ram_note"] = ram_note(workload.samples * layout.bytes_per_sample, inst.ram_gib)
+        row["ram_note"] = ram_note(workload.samples * layout.dataset_bytes_per_sample, inst.ram_gib)
         row.update(cloud=inst.cloud, region=inst.region, price_date=inst.price_date, price_source=inst.source)
         hourly, spot_hourly = hourly_cost(inst, dbu=dbu), hourly_cost(inst, spot=True, dbu=dbu)
         if hourly:
@@ -149,13 +160,14 @@ def project_catalog(cells: list[dict], catalog: list[Instance], store: str, load
     if layout is None:
         return []
     batch = next(c for c in cells if c["kind"] == "cell")["batch_size"]
+    repeats = repeat_layouts(cells, store)
     rows = []
     for inst in catalog:
         speed = (cpu_speeds or {}).get(inst.name, 1.0)
         machine = machine_of_instance(inst, cells, accelerators, speed)
         if machine is not None:
             rows.append(projection_row(machine, layout, loader, storage, batch, workload, inst, cpu_speed=speed,
-                                       dbu=(dbu or {}).get(inst.cloud)))
+                                       dbu=(dbu or {}).get(inst.cloud), repeats=repeats))
     mark_extremes(rows)
     return sorted(rows, key=lambda r: (r["usd_per_job"] is None, r["usd_per_job"] or 0, r["seconds"]))
 

@@ -92,6 +92,13 @@ class Layout:
     bytes_per_sample: float  # bytes moved from storage per sample
     request_bytes: float  # bytes per storage request
     how: str = "measured"
+    size_per_sample: float | None = None  # bytes a sample adds to the store at rest (None: bytes_per_sample)
+
+    @property
+    def dataset_bytes_per_sample(self) -> float:
+        """What one sample of the full dataset takes at rest (a page cache holds an epoch of
+        these): the store's bytes per sample without its fixed overhead where measured."""
+        return self.bytes_per_sample if self.size_per_sample is None else self.size_per_sample
 
 
 @dataclass(frozen=True)

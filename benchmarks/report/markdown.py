@@ -1,6 +1,6 @@
-"""report.md: the Markdown of a report, section by section: first the answer (what to do, its
-time and cost, how sure, what binds) and the headline, then the reference case, feeds, effects,
-cells, the costs that matter, remedies, method, failures; or of a run that measured nothing.
+"""report.md: the Markdown of a report, section by section: first the answer (answer.py: what to
+do, its time and cost, how sure, what binds) and the headline, then the reference case, feeds,
+effects, cells, the costs that matter, remedies, method, failures; or of a run that measured nothing.
 ``catalog_markdown`` is every catalog row, which the HTML page folds away."""
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from datetime import datetime, timezone
 from trainfeed.benchmarks.model.advice import Advice
 from trainfeed.benchmarks.model.cost import Spot
 from trainfeed.benchmarks.model.measured import layout_of, loader_of, machine_of, storage_of
+from trainfeed.benchmarks.model.noise import level, rule
 from trainfeed.benchmarks.model.profiles import IO_CPU_SOURCE
 from trainfeed.benchmarks.model.projection import project
 from trainfeed.benchmarks.model.verdict import doubts, too_short
+from trainfeed.benchmarks.report.answer import GAIN_WORTH_SAYING, answer, location_doubt, same_gpu_rows, worth_saying
 from trainfeed.benchmarks.report.formatting import budget, fmt_num, fmt_rate, fmt_ratio, fmt_time, fmt_usd, place
 from trainfeed.converters.redact import redact
 
@@ -39,7 +41,7 @@ def markdown(cells, spread, locations, stores, nodes, frameworks, advice: Advice
                 else "different storage or budgets (see each cell)"),
              ""]
     contended = [c for c in cells.values() if any("contention" in n for n in c.get("checks", []))]
-    lines += _answer(advice, cells, locations, contended)
+    lines += answer(advice, cells, locations, contended)
     lines += _headline(advice)
     if contended:
         lines += [f"> **Measured under contention**: {len(contended)} of {len(cells)} cells ran while other processes "
@@ -56,111 +58,6 @@ def markdown(cells, spread, locations, stores, nodes, frameworks, advice: Advice
     lines += _method(advice, notes)
     lines += _failures_section(errors)
     return "\n".join(lines) + "\n"
-
-
-#: What each bottleneck means for the user, in one sentence: what sets the pace and what helps.
-BINDS = {
-    "compute": "the accelerator sets the pace: a faster or a second GPU helps, a faster reader does not",
-    "decode": "the reader's CPU (decoding) sets the pace: more vCPUs with more reader threads (--workers), or "
-              "storing decoded pixels, help",
-    "augment": "the CPU spent on augmentation sets the pace: more vCPUs, or augmenting on the GPU, help",
-    "io-cpu": "the vCPUs the storage client spends on I/O set the pace: more vCPUs per GPU help",
-    "io-latency": "request latency sets the pace: more requests in flight (--io-concurrency) or fewer, larger "
-                  "reads (a compacted store) help",
-    "bandwidth": "storage bandwidth sets the pace: more parallel streams or faster storage help",
-    "network": "the instance's network sets the pace: an instance with more network bandwidth helps",
-    "contention": "other processes took the CPU the pipeline needed: rerun on an idle machine",
-    "ram": "the node swapped: an instance with more RAM helps",
-}
-
-
-def _binds(bottleneck: str, advice: Advice) -> str:
-    """What sets the pace and what helps; never a faster GPU where the headline shows every GPU
-    giving the same time."""
-    if bottleneck == "compute" and _same_gpu_rows(advice):
-        return ("the accelerator's per-step floor sets the pace: every GPU of the headline gives the same time, so a "
-                "faster GPU does not help; a larger batch does")
-    return BINDS.get(bottleneck, f"{bottleneck} sets the pace")
-
-
-def _confidence(advice: Advice, cells, locations, contended, row: dict | None) -> tuple[str, list[str]]:
-    """How sure the answer is (high, medium, low) and why: cells measured under contention, too
-    short or contradicting the model lower it to low; a GPU step time that is an estimate, not a
-    measurement, to medium."""
-    low = []
-    if contended:
-        low.append(f"{len(contended)} of {len(cells)} cells were measured under contention")
-    doubtful = [c for c in cells.values() if doubts(c)]
-    if doubtful:
-        low.append(f"{len(doubtful)} of {len(cells)} cells are too short to mean anything or contradict the model "
-                   "(their notes say which)")
-    for loc in locations:
-        if _location_doubt(loc):
-            low.append(f"the location effect ({loc['store']}) could not be measured reliably")
-    medium = []
-    if row is not None and row.get("device_how") == "estimate" and row.get("gpus"):
-        medium.append(f"the {row['device']} step time is an estimate from FLOPs (`storage-bench calibrate` on the "
-                      "real GPU measures it)")
-    if low:
-        return "low", low + medium
-    if medium:
-        return "medium", medium
-    return "high", ["every input was measured on this machine or calibrated, and no cell is in doubt"]
-
-
-def _answer(advice: Advice, cells, locations, contended) -> list[str]:
-    """The first screen: what to do, its time and cost per job, how sure, what binds."""
-    plan = advice.plan
-    w = plan.workload
-    rec = advice.recommendation
-    lines = ["## What to do", ""]
-    row: dict | None
-    if rec:
-        ch, fa = rec.cheapest, rec.fastest
-        spot = f"; spot {fmt_usd(ch['spot_usd_per_job'])}" if ch.get("spot_usd_per_job") else ""
-        lines.append(f"**Use {ch['option']} on {ch['cloud']} {ch['machine']}**: {fmt_time(ch['seconds'])} and "
-                     f"{fmt_usd(ch['usd_per_job'])} per job on demand ({fmt_usd(ch['usd_per_hour'])}/h{spot}) for "
-                     f"{w.samples:,} samples x {w.epochs} epoch{'s' if w.epochs != 1 else ''}, "
-                     "the cheapest of the catalog.")
-        lines.append("")
-        row = ch
-        lines.append(f"- **What binds**: {ch['bottleneck']}: {_binds(ch['bottleneck'], advice)}.")
-        if fa is not ch:
-            lines.append(f"- **Fastest instead**: {fa['option']} on {fa['cloud']} {fa['machine']}: "
-                         f"{fmt_time(fa['seconds'])}, {fmt_usd(fa['usd_per_job'])} per job "
-                         f"({fmt_ratio(ch['seconds'] / fa['seconds'])} faster, "
-                         f"{fmt_ratio(fa['usd_per_job'] / ch['usd_per_job'])} the cost); bound by {fa['bottleneck']}.")
-    else:
-        fastest = [r for h in advice.headline for r in h.rows if r.get("fastest")]
-        row = fastest[0] if fastest else None
-        if row is None:
-            return lines + ["Nothing could be projected: see the failures below.", ""]
-        lines.append(f"**Use {row['option']}**: {fmt_time(row['seconds'])} per job on {row['machine']} for "
-                     f"{w.samples:,} samples x {w.epochs} epoch{'s' if w.epochs != 1 else ''} "
-                     "(no priced instance in the catalog, so no cost).")
-        lines.append("")
-        lines.append(f"- **What binds**: {row['bottleneck']}: {_binds(row['bottleneck'], advice)}.")
-    for g in filter(None, advice.gains):
-        if g.repack_gain >= GAIN_WORTH_SAYING:
-            lines.append(f"- **Repacking** on {g.node}: {g.repacked} is {fmt_ratio(g.repack_gain)} faster "
-                         f"than {g.today} ({fmt_time(g.repacked_s)} vs {fmt_time(g.today_s)}).")
-            break
-    level, why = _confidence(advice, cells, locations, contended, row)
-    lines.append(f"- **How sure**: {level}: {'; '.join(why)}.")
-    return lines + [""]
-
-
-#: A projected gain under this ratio is "about the same", not a speed-up worth stating.
-GAIN_WORTH_SAYING = 1.15
-
-
-def _same_gpu_rows(advice: Advice) -> list[str]:
-    """The GPU nodes of the headline whose every option projects to the same time (2 or more), or []."""
-    gpus = [h for h in advice.headline if h.machine.device.is_gpu and h.rows]
-    times = {h.node: tuple(round(r["seconds"], 6) for r in h.rows) for h in gpus}
-    if len(times) < 2 or len(set(times.values())) != 1:
-        return []
-    return list(times)
 
 
 def _deviation(d: float | None) -> str:
@@ -208,21 +105,23 @@ def _headline(advice: Advice) -> list[str]:
     w = plan.workload
     lines = [f"## Training time for {w.samples:,} samples x {w.epochs} epoch{'s' if w.epochs != 1 else ''}", "",
              "Projected by one model from the quantities measured here (see \"How the projections were made\"); "
-             "the bottleneck is the resource that binds. The fastest option on each node is in bold.", ""]
+             "the bottleneck is the resource that binds. The fastest option on each node is in bold, and so is every "
+             f"option level with it: {rule([r for h in advice.headline for r in h.rows])}.", ""]
     opts = [o.label for o in advice.options]
     lines += ["| node | " + " | ".join(opts) + " |", "|---|" + "---|" * len(opts)]
     for h in advice.headline:
         rows = {r["option"]: r for r in h.rows}
+        best = min(h.rows, key=lambda r: r["seconds"], default=None)
         cells = []
         for o in opts:
             r = rows.get(o)
             text = f"{fmt_time(r['seconds'])} ({fmt_rate(r['samples_per_s'])}/s, {r['bottleneck']})" if r else "-"
-            cells.append(f"**{text}**" if r and r.get("fastest") else text)
+            cells.append(f"**{text}**" if r and best and level(r, best) else text)
         label = (f"{h.node} ({h.instance})" if h.instance
                  else h.rows[0]["machine"] if h.rows else h.node)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines.append("")
-    same = _same_gpu_rows(advice)
+    same = same_gpu_rows(advice)
     if same:
         bound = sorted({r["bottleneck"] for h in advice.headline if h.node in same for r in h.rows})
         why = ("each step lasts the profile's per-step floor (an estimate at this small a model and batch)"
@@ -235,10 +134,10 @@ def _headline(advice: Advice) -> list[str]:
     little = []
     said: dict[str, list[str]] = {}  # the same finding on several nodes is written once, naming them all
     for g in filter(None, advice.gains):
-        if g.repack_gain < GAIN_WORTH_SAYING and not g.better_loading:
+        if not worth_saying(g) and not g.better_loading:
             little.append(g.node)  # said once for all such nodes, below
             continue
-        if g.repack_gain >= GAIN_WORTH_SAYING:
+        if worth_saying(g):
             text = (f"repacking ({g.repacked}) is **{fmt_ratio(g.repack_gain)}** faster than "
                     f"{g.today} ({fmt_time(g.repacked_s)} vs {fmt_time(g.today_s)})")
         else:
@@ -250,7 +149,8 @@ def _headline(advice: Advice) -> list[str]:
     lines += [f"- **{', '.join(nodes)}**: {text}." for text, nodes in said.items()]
     if little:
         lines.append(f"- **{', '.join(little)}**: repacking changes little (under "
-                     f"{fmt_num((GAIN_WORTH_SAYING - 1) * 100)}%): the layout is not what binds there.")
+                     f"{fmt_num((GAIN_WORTH_SAYING - 1) * 100)}%, or within the noise): the layout is not what binds "
+                     "there.")
     return lines + [""]
 
 
@@ -317,8 +217,9 @@ def _cells_section(cells, spread, nodes, stores) -> list[str]:
         runs = spread.get((s, n, fw), [])
         real = f"{r['samples_per_s']:,.0f}" + (f" ({min(runs):,.0f}-{max(runs):,.0f} over {len(runs)} repeats)"
                                                if len(runs) > 1 else "")
+        ingest = c["ingest_only"]["samples_per_s"]
         lines.append(f"| {s} | {n} | {fw} | {c['compute_only']['samples_per_s']:,.0f} ({c['compute_only']['how']}) | "
-                     f"{c['ingest_only']['samples_per_s'] or 0:,.0f} | {real} | "
+                     f"{f'{ingest:,.0f}' if ingest else NOT_TIMED} | {real} | "
                      f"{'-' if cpu is None else f'{cpu * 1e3:.2f}'} | {proj.samples_per_s:,.0f} | "
                      f"{100 * r['stall_fraction']:.0f}% | {c['verdict']['bottleneck']} | {c['verdict']['advice']} | "
                      f"{notes} |")
@@ -327,6 +228,9 @@ def _cells_section(cells, spread, nodes, stores) -> list[str]:
         lines += ["Notes:", ""] + [f"- [{m}] " + note.replace("|", "\\|") for note, m in footnotes.items()] + [""]
     return lines
 
+
+#: An ingest-only pass that read only its warm-up batch has no rate (verdict.too_short says why).
+NOT_TIMED = "not timed (too few batches)"
 
 #: The footnote of every cost row whose dataset does not fit in its instance's page cache.
 RAM_FOOTNOTE = ("[ram] the dataset does not fit in 80% of the instance's RAM: epochs after the first read the storage "
@@ -504,6 +408,18 @@ def _method(advice: Advice, notes) -> list[str]:
              + ", ".join(f"{v:.2f} at {c}" for c, v in storage.io_cpu_figures.items())
              + f" in flight ({'probed' if storage.io_cpu_s_per_gb else IO_CPU_SOURCE})." if storage else
              "- Storage: local disk as it is (no request cost modelled).",
+             "- The reader's CPU per sample (decode, and every vCPU figure): the process CPU time, every thread, of "
+             "each store's ingest-only pass, the pass that read the samples; an image store's stages (read, "
+             "decode+resize, augment) are one thread's CPU time at staging, which misses the storage client's and the "
+             "reader's other threads, and only name the costliest stage.",
+             f"- Dataset sizes (whether an epoch fits in an instance's RAM): {plan.workload.samples:,} samples x each "
+             "store's bytes per sample without its fixed overhead (metadata, chunk and heap overhead, manifests, a "
+             "partly filled last chunk: paid once, not per sample): "
+             + "; ".join(f"{s} {fmt_num(lay.dataset_bytes_per_sample / 1e3)} KB, "
+                         f"{fmt_num(plan.workload.samples * lay.dataset_bytes_per_sample / 2**30)} GiB"
+                         for s, lay in advice.layouts.items()) + ".",
+             "- Level: two projections are level, neither called faster, when their times are "
+             + rule([r for rows in advice.projections.values() for r in rows]) + ".",
              "- Step times: \"calibrated\" where `storage-bench calibrate` measured the device, \"measured\" on this "
              "machine, else \"estimate\": training FLOPs / (datasheet peak x efficiency), at least the profile's "
              "per-step floor.",
@@ -513,22 +429,6 @@ def _method(advice: Advice, notes) -> list[str]:
     if notes:
         lines += ["Catalog notes:", ""] + [f"- {n}" for n in _grouped_notes(notes)] + [""]
     return lines
-
-
-def _location_doubt(loc: dict) -> str | None:
-    """Why a location-effect measurement cannot be taken as one: either read too short to mean
-    anything, or reading through emulated latency beat local disk, which the model's physics
-    rule out (the emulation only adds time)."""
-    for where, rec in (("from local disk", loc.get("local_disk")), ("from the storage", loc.get("on_storage"))):
-        short = too_short(rec)
-        if short:
-            return f"the read {where} was {short}"
-    local, remote = loc["local_disk"]["samples_per_s"], loc["on_storage"]["samples_per_s"]
-    if remote > local:
-        return (f"reading through the emulated latency ({remote:,.0f} samples/s) beat local disk ({local:,.0f}), "
-                "which the emulation cannot do (it only adds time): noise of a measurement this short or a busy "
-                "machine; rerun with more --steps or samples")
-    return None
 
 
 def _grouped_notes(notes: list[str]) -> list[str]:
@@ -588,7 +488,7 @@ def _effects(cells, locations, same_storage: bool) -> list[str]:
             lines.append(f"- **Location effect** ({loc['store']}): too few batches to time (raise --steps or "
                          "use more samples).")
             continue
-        doubt = _location_doubt(loc)
+        doubt = location_doubt(loc)
         if doubt:
             lines.append(f"- **Location effect** ({loc['store']}): not measured reliably: {doubt}. Left out of the "
                          "answer.")

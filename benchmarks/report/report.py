@@ -5,6 +5,8 @@ writes the Markdown, html.py the page."""
 from __future__ import annotations
 
 import csv
+import json
+from dataclasses import asdict
 from pathlib import Path
 
 from trainfeed.benchmarks.ab.results import load_results
@@ -14,6 +16,7 @@ from trainfeed.benchmarks.model.cost import Workload
 from trainfeed.benchmarks.model.measured import STAGES
 from trainfeed.benchmarks.model.projection import Loader
 from trainfeed.benchmarks.model.scenario import SCENARIO_COPY, Scenario, load_scenario
+from trainfeed.benchmarks.model.verdict import verdict
 from trainfeed.benchmarks.report import charts as charts_mod
 from trainfeed.benchmarks.report.html import html
 from trainfeed.benchmarks.report.markdown import catalog_markdown, markdown, markdown_nothing_measured
@@ -22,10 +25,12 @@ from trainfeed.converters.redact import redact
 
 
 def _cells(records):
+    """The cells of the table, each with its verdict from this model, not the one recorded when
+    it was measured: a report rebuilt after the model changed says what its projections say."""
     cells = {}
     for r in records:  # the last repeat of a cell wins the table; all stay in results.jsonl
         if r["kind"] == "cell":
-            cells[(r["store"], r["node"], r["framework"])] = r
+            cells[(r["store"], r["node"], r["framework"])] = {**r, "verdict": verdict(r)}
     return cells
 
 
@@ -58,15 +63,24 @@ def _failure_line(rec: dict) -> str:
                   f"({rec.get('stage', '?')}): {rec['error']}")
 
 
+#: The ``--baseline-loader`` a report was given, kept in OUT for the reports rebuilt from it.
+BASELINE_COPY = "baseline-loader.json"
+
+
 def build(out: str, *, target_samples: int = 650_000, target_epochs: int = 5, catalog: Path = CATALOG,
           baseline: Loader | None = None, scenario: Scenario | None = None, my_instance: str | None = None) -> dict:
     """Write results.csv, costs.csv, report.md and report.html from OUT/results.jsonl (and, for a
     scenario run, OUT/reference.json); ``scenario`` defaults to the copy a scenario run left in
-    OUT; ``my_instance``: a catalog instance whose cost the report always shows."""
+    OUT, ``baseline`` to the one the run's report was given (OUT/baseline-loader.json, written
+    here); ``my_instance``: a catalog instance whose cost the report always shows."""
     records = load_results(out)
     outdir = Path(out)
     if scenario is None and (outdir / SCENARIO_COPY).is_file():
         scenario = load_scenario(outdir / SCENARIO_COPY)
+    if baseline is not None:
+        (outdir / BASELINE_COPY).write_text(json.dumps(asdict(baseline)) + "\n")
+    elif (outdir / BASELINE_COPY).is_file():
+        baseline = Loader(**json.loads((outdir / BASELINE_COPY).read_text()))
     cells = _cells(records)
     locations = _locations(records)
     errors = [r for r in records if r["kind"] == "error"]
@@ -115,8 +129,6 @@ def check_instance(name: str | None, instances, catalog: Path) -> None:
 
 def _write_reference(path: Path, ref: Reference) -> None:
     """reference.json: every cell the scenario gives a published time for, projected beside it."""
-    import json
-
     rows = [{"node": r["node"], "store": r["store"], "projected_s": r["projected_s"], "reference_s": r["reference_s"]}
             for r in ref.rows]
     path.write_text(json.dumps(rows, indent=1) + "\n")

@@ -12,10 +12,11 @@ from trainfeed.converters.errors import TrainfeedError
 from trainfeed.converters.formats.interface import Empty, Format, Where
 from trainfeed.converters.formats.options import Columns, OpenOptions, Pieces, pick_field
 from trainfeed.converters.layout import DatasetSchema
-from trainfeed.converters.sources.decode import ImageOptions
-from trainfeed.converters.sources.labels import resolve_labels
+from trainfeed.converters.sources.decode import ArrayOptions, ImageOptions
+from trainfeed.converters.sources.dtypes import AUTO, lossless_cast
+from trainfeed.converters.sources.labels import labels_in_source, resolve_labels
 from trainfeed.converters.sources.listing import IMAGE, SourceFile, list_source, read_bytes
-from trainfeed.converters.sources.samples import SchemaGuard, load_sample
+from trainfeed.converters.sources.samples import SchemaGuard, load_sample, scan_dtype
 from trainfeed.converters.storage.fetch import CachingFileSystem, open_fetcher
 from trainfeed.converters.storage.filesystems import is_local
 from trainfeed.converters.storage.location import locate
@@ -24,23 +25,29 @@ UNIT = "files"
 
 
 def list_pieces(path: Where, options: OpenOptions) -> Pieces:
-    """Every sample file, sorted by id; the schema from the first file, labels as convert takes them."""
+    """Every sample file, sorted by id; the schema from the first file, labels as convert takes
+    them: ``options.labels``, else SRC/labels.csv when there is one, else class subfolders."""
     fs, listing = list_source(str(path), options.storage_options)
+    labels_csv = options.labels or labels_in_source(str(path), options.storage_options)
     if not is_local(fs):  # reads share the connection budget (and the disk cache, if any)
         fs = CachingFileSystem(open_fetcher(locate(str(path), options.storage_options), options.io_concurrency,
                                             options.cache_dir, options.cache_limit,
                                             {f.path: f.identity for f in listing.files if f.identity}))
-    labels = resolve_labels(listing.files, labels_csv=options.labels, storage_options=options.storage_options)
+    labels = resolve_labels(listing.files, labels_csv=labels_csv, storage_options=options.storage_options,
+                            classes=options.classes)
     if labels.missing:
-        raise TrainfeedError(f"{path}: {len(labels.missing)} files have no label in {options.labels}, "
+        raise TrainfeedError(f"{path}: {len(labels.missing)} files have no label in {labels_csv}, "
                              f"e.g. {labels.missing[0]!r}")
-    guard = SchemaGuard(listing.kind, ImageOptions())
-    guard.check(listing.files[0].path, load_sample(fs, listing.kind, listing.files[0], labels, ImageOptions()))
+    cast = options.cast
+    if cast == AUTO:  # every file's header first: the one dtype that holds them all
+        cast, _ = scan_dtype(fs, listing, str(path), options.io_concurrency)
+    guard = SchemaGuard(listing.kind, ImageOptions(), arrays=ArrayOptions(dtype=cast))
+    guard.take(listing.files[0].path, load_sample(fs, listing.kind, listing.files[0], labels, ImageOptions()))
     assert guard.specs is not None  # the first file fixed them
     schema = DatasetSchema(fields=guard.specs, labeled=labels.by_id is not None, label_map=labels.label_map,
                            source=str(path), samples=len(listing.files))
     return Pieces(schema, pick_field(schema, options.field, path), list(listing.files), [1] * len(listing.files),
-                  [], extra={"fs": fs, "kind": listing.kind, "labels": labels})
+                  [], extra={"fs": fs, "kind": listing.kind, "labels": labels, "cast": cast})
 
 
 def piece_file(piece: SourceFile) -> str:
@@ -48,14 +55,18 @@ def piece_file(piece: SourceFile) -> str:
 
 
 def read_piece(listing: Pieces, piece: SourceFile, handles: dict[Any, Any], empty: Empty = np.empty) -> Columns:
-    """One file. An image is its bytes, not decoded here: the reader decodes it once (training/reading/images.py)."""
+    """One file, its arrays cast as ``OpenOptions.cast`` says. An image is its bytes, not decoded
+    here: the reader decodes it once (training/reading/images.py)."""
     fs, kind, labels = listing.extra["fs"], listing.extra["kind"], listing.extra["labels"]
     if kind == IMAGE:
         x, label = np.empty(1, object), labels.get(piece.id)
         x[0] = read_bytes(fs, piece)
     else:
         sample = load_sample(fs, kind, piece, labels, ImageOptions())
-        x, label = np.asarray(sample.fields[listing.spec.name])[None], sample.label
+        value = np.asarray(sample.fields[listing.spec.name])
+        if listing.extra["cast"] is not None:
+            value = lossless_cast(piece.path, listing.spec.name, value, listing.extra["cast"])
+        x, label = value[None], sample.label
     return Columns([piece.id], np.array([-1 if label is None else label], np.int64), x)
 
 

@@ -63,6 +63,8 @@ class OpenOptions:
     version: int | None = None  # Delta: the table version to read; None: the latest
     field: str | None = None  # the tensor field batches deliver as x; None: the store's first
     labels: str | None = None  # a folder of small files: a CSV (id,label) of their labels, as convert takes it
+    classes: tuple[str, ...] | None = None  # a folder of small files: class names in label order (else sorted)
+    cast: str | None = None  # a folder of small files: arrays read as this dtype, no value changed ("auto": found)
     storage_options: dict[str, Any] = dataclasses.field(default_factory=dict)  # object storage credentials, settings
     # stores on object storage (see converters/storage/fetch.py)
     io_concurrency: int = DEFAULT_IO_CONCURRENCY  # range requests in flight for the whole reader

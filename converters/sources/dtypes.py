@@ -23,6 +23,9 @@ def lossless_cast(path: str, name: str, arr: np.ndarray, dtype: str) -> np.ndarr
     with np.errstate(invalid="ignore", over="ignore"):
         back = out.astype(arr.dtype)
     lost = ~((back == arr) | (np.isnan(arr) & np.isnan(back)) if arr.dtype.kind == "f" else back == arr)
+    if target.kind in "iu" and arr.dtype.kind in "iu":  # int16 -5 -> uint16 wraps to 65531 and back to -5
+        info = np.iinfo(target)
+        lost |= (arr < info.min) | (arr > info.max)
     if lost.any():
         value = arr.reshape(-1)[int(np.flatnonzero(lost.reshape(-1))[0])].item()
         raise SampleError(path, f"{name!r}: {arr.dtype} value {value!r} does not fit --dtype {dtype} exactly; "

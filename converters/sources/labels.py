@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from fsspec.exceptions import FSTimeoutError
 
-from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.sources.listing import SourceFile
 from trainfeed.converters.storage.config import call_timeout, no_answer
 from trainfeed.converters.storage.filesystems import call, is_local, open_fs
@@ -35,8 +35,15 @@ class Labels:
         return None if self.by_id is None else self.by_id[sample_id]
 
 
-def _index_classes(names: set[str]) -> dict[str, int]:
-    return {name: i for i, name in enumerate(sorted(names))}
+def _index_classes(names: set[str], classes: Sequence[str] | None = None, where: str = "") -> dict[str, int]:
+    """Class name -> label: sorted names, or ``classes`` in the order given (``--classes``: a
+    held-out set missing a class numbers the others as the training set does)."""
+    if classes is None:
+        return {name: i for i, name in enumerate(sorted(names))}
+    unknown = sorted(names - set(classes))
+    if unknown:
+        raise TrainfeedError(f"{where}: class {unknown[0]!r} is not in --classes ({', '.join(classes)})")
+    return {name: i for i, name in enumerate(classes)}
 
 
 def _read_bytes(fs, path: str, deadline: float | None) -> bytes:
@@ -95,9 +102,11 @@ def _check_one_kind(url: str, rows: list[tuple[int, str, str]]) -> bool:
     return integers
 
 
-def read_label_csv(url: str, storage_options: dict | None = None) -> tuple[dict[str, int], dict[str, int] | None]:
+def read_label_csv(url: str, storage_options: dict | None = None, classes: Sequence[str] | None = None
+                   ) -> tuple[dict[str, int], dict[str, int] | None]:
     """id -> label from a CSV with columns id,label. Labels are all integers (int64), or all
-    class names, indexed in sorted order (the map is returned and stored with the data)."""
+    class names, indexed in sorted order or in the order of ``classes`` (the map is returned
+    and stored with the data)."""
     reader = csv.DictReader(io.StringIO(_read_text(url, storage_options)))
     _check_header(url, reader.fieldnames)
     rows: list[tuple[int, str, str]] = []
@@ -117,8 +126,10 @@ def read_label_csv(url: str, storage_options: dict | None = None) -> tuple[dict[
     if not rows:
         raise TrainfeedError(f"{url}: labels file has no rows")
     if _check_one_kind(url, rows):
+        if classes is not None:
+            raise TrainfeedError(f"{url}: labels are integers; --classes names class names (leave it out)")
         return _integer_labels(url, rows), None
-    label_map = _index_classes({label for _, _, label in rows})
+    label_map = _index_classes({label for _, _, label in rows}, classes, url)
     return {sid: label_map[label] for _, sid, label in rows}, label_map
 
 
@@ -128,22 +139,37 @@ def resolve_labels(
     labels_csv: str | None,
     folder_labels: bool = True,
     storage_options: dict[str, str] | None = None,
+    classes: Sequence[str] | None = None,
 ) -> Labels:
     """Labels for every file, from the CSV if given, else from class subfolders if every file
-    sits in one and there are at least two, else none."""
+    sits in one and there are at least two (one is enough with ``classes``), else none.
+    ``classes``: the class names in label order, for names from the CSV or the folders."""
     files = [f for f in files if f.problem is None]  # rejected for what they are, whatever their label
     if labels_csv:
-        by_id, label_map = read_label_csv(labels_csv, storage_options)
+        by_id, label_map = read_label_csv(labels_csv, storage_options, classes)
         ids = {f.id for f in files}
         missing = [f.id for f in files if f.id not in by_id]
         unmatched = sorted(set(by_id) - ids)
         return Labels({k: v for k, v in by_id.items() if k in ids}, label_map, "csv", missing, unmatched)
     if folder_labels and files and all("/" in f.id for f in files):
-        classes = {f.id.split("/", 1)[0] for f in files}
-        if len(classes) >= 2:
-            label_map = _index_classes(classes)
+        folders = {f.id.split("/", 1)[0] for f in files}
+        if len(folders) >= 2 or classes is not None:
+            label_map = _index_classes(folders, classes, files[0].path.rsplit("/", 2)[0])
             return Labels({f.id: label_map[f.id.split("/", 1)[0]] for f in files}, label_map, "folders")
+    if classes is not None:
+        raise TrainfeedError("--classes names the classes of a labels CSV or of class subfolders; this source has "
+                             "neither")
     return Labels(None)
+
+
+def parse_classes(text: str | Sequence[str] | None) -> tuple[str, ...] | None:
+    """``--classes neg,pos`` (or a list) as class names in label order, each once."""
+    if text is None:
+        return None
+    names = tuple(n.strip() for n in (text.split(",") if isinstance(text, str) else text))
+    if not names or not all(names) or len(set(names)) != len(names):
+        raise UsageError(f"--classes takes class names joined by commas, each once (label 0 first), not {text!r}")
+    return names
 
 
 #: The labels file `convert` and `storage-bench run` take from SRC when --labels is not given

@@ -55,16 +55,16 @@ def test_the_model_sees_the_channels_last(tmp_path):
     from trainfeed.training.config import TrainConfig
     from trainfeed.training.loops.plan import as_model_input, plan
 
-    write_slices(tmp_path / "src", 8, shape=(3, 6, 5))
+    write_slices(tmp_path / "src", 8, shape=(3, 6, 9))
     unsaid = trainfeed.convert(str(tmp_path / "src"), str(tmp_path / "u.parquet"), format="parquet")
-    assert len(unsaid.warnings) == 1 and "(3, 6, 5), which looks channels-first" in unsaid.warnings[0]
+    assert len(unsaid.warnings) == 1 and "(3, 6, 9), which looks channels-first" in unsaid.warnings[0]
     said = trainfeed.convert(str(tmp_path / "src"), str(tmp_path / "s.parquet"), format="parquet", channels="first")
     assert said.warnings == []
     p = plan(TrainConfig(data=str(tmp_path / "s.parquet"), batch_size=4, out=str(tmp_path / "o")))
-    assert p.channels_first and p.input_shape == (6, 5, 3)
+    assert p.channels_first and p.input_shape == (6, 9, 3)
     batch = next(iter(trainfeed.open_store(str(tmp_path / "s.parquet")).batches(4, shuffle=False)))
     x = as_model_input(batch, p.input_shape, p.channels_first)
-    assert x.shape == (4, 6, 5, 3) and np.array_equal(x[:, 2, 1, :], batch.x[:, :, 2, 1])
+    assert x.shape == (4, 6, 9, 3) and np.array_equal(x[:, 2, 1, :], batch.x[:, :, 2, 1])
 
 
 def png(pixels: np.ndarray) -> bytes:

@@ -274,3 +274,25 @@ def test_the_api_takes_a_fit_in_its_options_and_trains_with_one(tmp_path):
                                                    channels="last", batch_size=4, width=4, out=str(tmp_path / "o"),
                                                    progress=False))
     assert result.summary["sample_shape"] == [2, 4, 9, 11]
+
+
+def test_a_folder_of_mixed_dtypes_is_read_as_one_with_cast(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    arrays = {"a": np.array([[-5, 300]], np.int16), "b": np.array([[65535, 7]], np.uint16),
+              "c": np.array([[1, 2]], ">u1")}
+    for name, arr in arrays.items():
+        np.save(src / f"{name}.npy", arr)
+    with pytest.raises(trainfeed.TrainfeedError, match=r"b\.npy: holds uint16 samples.*one dtype with --cast"):
+        list(trainfeed.open_store(str(src), format="blob").batches(3, shuffle=False))
+    for cast, dtype in (("auto", np.int32), ("int64", np.int64)):
+        store = trainfeed.open_store(str(src), format="blob", cast=cast)
+        (b,) = store.batches(3, shuffle=False)
+        assert b.x.dtype == dtype and {i: x.tolist() for i, x in zip(b.ids, b.x)} == \
+            {k: v.tolist() for k, v in arrays.items()}
+    with pytest.raises(trainfeed.TrainfeedError, match=r"a\.npy: 'volume': int16 value -5 does not fit "
+                                                       r"--dtype uint16 exactly"):
+        list(trainfeed.open_store(str(src), format="blob", cast="uint16").batches(3, shuffle=False))
+    trainfeed.convert(str(src), str(tmp_path / "o.parquet"), format="parquet", dtype="auto")
+    with pytest.raises(trainfeed.UsageError, match="--cast reads a folder of small files"):
+        trainfeed.open_store(str(tmp_path / "o.parquet"), cast="int64")

@@ -85,6 +85,9 @@ def _resized(arr: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 def fit_into(where: str, sample_id: str, arr: np.ndarray, fit: Fit, out: np.ndarray) -> tuple[int, ...]:
     """Write ``arr`` fitted into ``out`` (zeroed where padded); the sample's own shape, aligned."""
     arr = _aligned(where, sample_id, np.asarray(arr), fit)
+    if arr.shape == fit.shape:  # nothing to fit: one copy
+        out[...] = arr
+        return arr.shape
     if fit.how == "resize":
         out[...] = _resized(arr, fit.shape)
         return arr.shape
@@ -105,6 +108,10 @@ def fit_piece(cols: Columns, fit: Fit, where: str, empty=np.empty) -> Columns:
     dtype = cols.x[0].dtype if cols.x.dtype == object and n else cols.x.dtype
     x = empty((n, *fit.shape), dtype)
     shapes = np.ones((n, len(fit.shape)), np.int64)
+    if cols.x.dtype != object and cols.x.shape[1:] == fit.shape:  # samples of one shape, the fit's
+        x[...] = cols.x
+        shapes[:] = fit.shape
+        return Columns(cols.ids, cols.labels, x, shapes)
     for i in range(n):
         shapes[i] = fit_into(where, cols.ids[i], cols.x[i], fit, x[i])
     return Columns(cols.ids, cols.labels, x, shapes)

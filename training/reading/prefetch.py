@@ -23,21 +23,25 @@ class Prefetcher:
                                         name="trainfeed-prefetch")
         self._thread.start()
 
+    def _put(self, item: object) -> bool:
+        """Queue ``item`` unless told to stop first (a consumer that stopped reading never takes
+        it: a plain ``put`` on a full queue would block the thread, and ``close``, for good)."""
+        while not self._stop.is_set():
+            try:
+                self._q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def _run(self, batches, convert) -> None:
         try:
             for batch in batches:
-                item = (batch, convert(batch))
-                while not self._stop.is_set():
-                    try:
-                        self._q.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if self._stop.is_set():
+                if not self._put((batch, convert(batch))):
                     return
-            self._q.put(self._END)
+            self._put(self._END)
         except BaseException as exc:  # handed to the training thread
-            self._q.put(exc)
+            self._put(exc)
 
     def get(self):
         t0 = time.perf_counter()

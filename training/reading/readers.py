@@ -36,6 +36,8 @@ from trainfeed.converters.formats.interface import Format
 from trainfeed.converters.formats.options import Columns, OpenOptions
 from trainfeed.converters.formats.registry import DATA_SUFFIXES, IN_PLACE, TABLE_SUFFIXES, detect_format, detect_table
 from trainfeed.converters.formats.registry import FORMATS as REGISTRY
+from trainfeed.converters.layout import SUPPORTED_DTYPES
+from trainfeed.converters.sources.dtypes import AUTO
 from trainfeed.converters.storage import fetch
 from trainfeed.converters.storage.location import Location, is_remote, locate
 from trainfeed.training.reading import engine, fitting, images, petastorm_reader
@@ -64,12 +66,16 @@ def open_store(path: str, fmt: str | None = None, opts: OpenOptions = OpenOption
         raise UsageError(f"--reader-pool must be one of {', '.join(POOLS)}, not {pool!r}")
     if opts.io_concurrency < 1:
         raise UsageError(f"--io-concurrency must be at least 1, not {opts.io_concurrency}")
+    if opts.cast is not None and opts.cast not in (AUTO, *SUPPORTED_DTYPES):
+        raise UsageError(f"--cast must be auto or one of {', '.join(SUPPORTED_DTYPES)}, not {opts.cast!r}")
     remote = is_remote(path)
     if opts.foreign is not None:
         fmt = _foreign_format(path, fmt, opts, pool)
     detected = fmt is None
     fmt = fmt or detect(path, opts.storage_options)
     module = REGISTRY[fmt]
+    if opts.cast is not None and not module.in_place:
+        raise UsageError(f"--cast reads a folder of small files; {path} is a {fmt} store, whose samples have one dtype")
     if opts.version is not None and not module.versioned:
         raise UsageError(f"--delta-version applies to Delta tables only; {path} is a {fmt} store")
     if remote and pool != "arrow" and module.parquet_files:
@@ -226,7 +232,7 @@ def iter_batches(store: Store, opts: EpochOptions, epoch: int = 0, start_batch: 
             augment = images.Augment(opts.seed, epoch) if opts.augment else None
             return images.decode_piece(cols, store.images, where, augment, empty)
         if store.fit is not None:
-            return fitting.fit_piece(cols, store.fit, where, empty)
+            cols = fitting.fit_piece(cols, store.fit, where, empty)
         _check_samples(cols, store, where)
         return cols
 
@@ -247,14 +253,18 @@ def iter_batches(store: Store, opts: EpochOptions, epoch: int = 0, start_batch: 
 
 def _check_samples(cols: Columns, store: Store, where: str) -> None:
     """Samples of one shape and dtype, the store's (small files differ where a folder mixes them)."""
-    spec = store.spec
-    if spec.is_ragged or not len(cols.x):
+    spec = store.sample_spec
+    if spec.shape is None or not len(cols.x):
         return
-    if cols.x.dtype != np.dtype(spec.dtype) or cols.x.shape[1:] != tuple(spec.shape or ()):
-        raise TrainfeedError(f"{where}: holds {cols.x.dtype} samples of shape {cols.x.shape[1:]}, where the "
-                             f"{'first file' if store.format.in_place else 'store'} has {spec.dtype} "
-                             f"{tuple(spec.shape or ())}: choose a fit (--fit / fit=pad:SHAPE, crop:SHAPE or "
-                             "resize:SHAPE) for shapes that differ, or convert with --ragged / --dtype")
+    shape, dtype = tuple(spec.shape), np.dtype(spec.dtype)
+    if cols.x.dtype == dtype and cols.x.shape[1:] == shape:
+        return
+    fix = ("read them all as one dtype with --cast / cast= (a dtype, or auto), or convert with --dtype"
+           if cols.x.dtype != dtype else
+           "give them one shape with --fit / fit= (pad:SHAPE, crop:SHAPE or resize:SHAPE), or convert with --ragged")
+    first = "first file" if store.format.in_place else "store"
+    raise TrainfeedError(f"{where}: holds {cols.x.dtype} samples of shape {cols.x.shape[1:]}, where the {first} has "
+                         f"{dtype} {shape}: {fix}")
 
 
 def pieces_ahead(store: Store) -> int:

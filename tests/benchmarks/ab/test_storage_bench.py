@@ -214,8 +214,10 @@ def test_unknown_store_and_node_are_usage_errors(tiny_dataset, tmp_path):
 
 
 def test_generate_with_a_shape_of_the_wrong_rank_is_a_usage_error(tmp_path):
-    res = bench_cli("generate", "volumes", tmp_path / "v", "--count", "2", "--shape", "4x4x2")
-    assert res.exit_code == 2 and res.stderr == "error: volumes --shape is XxYxZxC (at least 4 sizes), got '4x4x2'\n"
+    for shape in ("4x4x2x1x1", "16"):  # no model takes them, so train would not
+        res = bench_cli("generate", "volumes", tmp_path / "v", "--count", "2", "--shape", shape)
+        assert res.exit_code == 2 and res.stderr == ("error: volumes --shape is XxYxZxC, HxWxC or HxW (the samples "
+                                                     f"train takes), got '{shape}'\n")
     res = bench_cli("generate", "images", tmp_path / "i", "--count", "2", "--shape", "4x4x3")
     assert res.exit_code == 2 and res.stderr == "error: images --shape is HxW\n"
     assert not (tmp_path / "v").exists() and not (tmp_path / "i").exists()
@@ -280,6 +282,32 @@ def test_partially_failed_matrix_keeps_completed_cells(tiny_dataset, tmp_path, m
     assert info["cells"] == 1 and info["errors"] == 1
     md = (tmp_path / "o" / "report.md").read_text()
     assert "## Cells that failed" in md and "disk on fire (injected)" in md
+
+
+def test_a_cell_failing_outside_what_it_expects_is_recorded_and_the_others_reported(tiny_dataset, tmp_path):
+    """A profile `calibrate` wrote for another sample shape has no step time for this one and
+    no TFLOPS to estimate it from (ZeroDivisionError, an error no cell expected): that cell is
+    recorded as failed with its stage, the t4 cells beside it are measured and reported (the
+    whole run once died on it, with no report)."""
+    prof = tmp_path / "local.json"
+    res = bench_cli("calibrate", "--out", prof, "--shape", "6x6x2x2", "--batch-size", "8", "--width", "8",
+                    "--steps", "2", "--device", "cpu")
+    assert res.exit_code == 0, res.stderr
+    out = tmp_path / "o"
+    res = bench_cli("run", tiny_dataset, "--out", out, "--nodes", f"t4,{prof}", "--stores", "blob,parquet",
+                    "--json", *TINY)
+    assert res.exit_code == 0, res.stderr
+    info = json.loads(res.stdout)
+    assert (info["cells"], info["errors"]) == (2, 2)
+    records = records_of(out)
+    assert [(r["store"], r["node"]) for r in records if r["kind"] == "cell"] == [("blob", "t4"), ("parquet", "t4")]
+    errors = [r for r in records if r["kind"] == "error"]
+    assert [(r["store"], r["node"], r["stage"]) for r in errors] == [("blob", str(prof), "compute-only"),
+                                                                     ("parquet", str(prof), "compute-only")]
+    md = (out / "report.md").read_text()
+    assert "## Cells that failed" in md
+    for r in errors:
+        assert r["error"] and f"| {r['store']} | {prof} | torch | 0 | compute-only | {r['error']} |" in md
 
 
 @pytest.mark.azurite

@@ -53,10 +53,11 @@ ROWS = [
     ("decode, threads capped by vCPUs", cell(compute=1000, cpu_ms=10, real=199, cores=2), "decode",
      "read/decode-bound: 10.00 ms of CPU per sample on 2 thread(s) -> 200 samples/s, the device takes 1,000; needs "
      "~10 vCPUs busy reading per device (more --workers on more vCPUs), or offload preprocessing to CPU workers"),
-    # images: the same decode limit, broken down by stage (verdict.image_verdict)
+    # images: the same decode limit, broken down by stage (verdict.image_verdict); the vCPUs from the 10 ms the
+    # reader measured (1,000 x 10 ms), as the feeds table's, not from the stages' 5.1 ms of one thread at staging
     ("decode, images", cell(compute=1000, cpu_ms=10, real=390, stages=STAGES), "decode",
      "decode-bound: 4.000 ms CPU per image to decode and resize (CPU per sample: read 0.100 ms, decode+resize "
-     "4.000 ms, augment 1.000 ms); the reader delivers 400 images/s, the device takes 1,000 and needs ~6 vCPUs at "
+     "4.000 ms, augment 1.000 ms); the reader delivers 400 images/s, the device takes 1,000 and needs ~10 vCPUs at "
      "this rate; store decoded pixels (4.1x the bytes) or add CPUs"),
     # azure-blob: 4 KB GETs take 20 ms + 4,000 B / 60 MB/s = 20.067 ms, 8 in flight: 398.7/s
     ("io-latency, small files", cell("blob", compute=1000, real=398, profile="azure-blob"), "io-latency",

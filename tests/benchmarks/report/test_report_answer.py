@@ -175,7 +175,8 @@ def test_identical_gpu_rows_say_why_and_no_faster_gpu_is_advised(tmp_path):
     assert "a faster or a second GPU helps" not in md
     # repacking changes nothing on any of them: said once, not once per node
     assert md.count("repacking changes little") == 1
-    assert "- **t4, a100, h100**: repacking changes little (under 15%): the layout is not what binds there." in md
+    assert ("- **t4, a100, h100**: repacking changes little (under 15%, or within the noise): the layout is not what "
+            "binds there.") in md
     # and the GPUs that feed alike share one row of "vCPUs to feed one GPU"
     feeds = md.split("## vCPUs to feed one GPU")[1].split("\n## ")[0]
     assert re.search(r"^\| t4, a100, h100(, [a-z0-9]+)* \(estimate, 2,000 samples/s\) \|", feeds, re.M), feeds
