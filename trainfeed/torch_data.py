@@ -33,7 +33,7 @@ def rank_and_world() -> tuple[int, int]:
     return rank, world
 
 
-class TorchDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
+class TorchDataset(IterableDataset[tuple[torch.Tensor, ...]]):
     """Batches of a store for ``DataLoader(ds, batch_size=None, num_workers=N)``.
 
     Rank r of W (torch.distributed, else RANK / WORLD_SIZE, taken in the training process and
@@ -46,7 +46,9 @@ class TorchDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
     is ``(x, y)``: x of the stored dtype, shape (batch_size, *sample shape); y int64 labels (-1
     for unlabeled samples). Encoded images are decoded (``augment``: random resized crop and
     flip, as ``Store.batches``). Arrays of different shapes need a ``fit`` (``open_store(uri,
-    fit=...)``, or ``fit=`` here with a URL): batches are then of the fit's shape.
+    fit=...)``, or ``fit=`` here with a URL): batches are then of the fit's shape, and with
+    ``return_shapes`` each is ``(x, y, shapes)``, shapes int64 (batch_size, len(SHAPE)): each
+    sample's own shape (the valid region of a padded one).
 
     Call ``set_epoch(e)`` before each epoch. ``state_dict(n)``, after ``n`` batches of the epoch
     (counted from the epoch's start: ``enumerate(loader, start=ds.start_batch)``), and
@@ -63,7 +65,7 @@ class TorchDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
                  global_batch_size: int | None = None, lanes: int | None = None, shuffle: bool = True,
                  seed: int = 0, drop_last: bool = False, workers: int = 2, pool: Pool = "arrow",
                  shuffle_buffer: int = 256, storage_options: dict[str, str] | None = None, fit: str | None = None,
-                 augment: bool = False):
+                 return_shapes: bool = False, augment: bool = False):
         base = epoch_options(options, batch_size=batch_size, global_batch_size=global_batch_size, lanes=lanes,
                              shuffle=shuffle, seed=seed, drop_last=drop_last, workers=workers, pool=pool,
                              shuffle_buffer=shuffle_buffer, augment=augment)
@@ -83,6 +85,11 @@ class TorchDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
             raise UsageError(f"{self.store.uri}: samples of different shapes; batches need one: open it with a fit, "
                              "fit='pad:SHAPE', 'crop:SHAPE' or 'resize:SHAPE' (e.g. 'pad:64x64'); Store.batches() "
                              "without one gives each sample in its own shape")
+        fitted = self.store.reader.fit
+        if return_shapes and fitted is None:
+            raise UsageError("return_shapes=True gives each sample's own shape beside a fitted batch: open the store "
+                             "with a fit (fit='pad:SHAPE', 'crop:SHAPE' or 'resize:SHAPE')")
+        self._shape_dims = len(fitted.shape) if return_shapes and fitted is not None else 0
         # [epoch, first batch of that epoch where the next iteration starts], seen by worker processes
         self._position = torch.zeros(2, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         self._pid = os.getpid()  # the training process: it allocates the batch slots
@@ -127,7 +134,7 @@ class TorchDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         for n in spec.shape:
             sample *= int(n)
         rows = self.options.rank_batch
-        slot = -(-rows * sample // 64) * 64 + 8 * rows
+        slot = -(-rows * sample // 64) * 64 + -(-8 * rows // 64) * 64 + 8 * rows * self._shape_dims
         if self._ring is None or self._ring.slot_bytes < slot:
             self._ring = Ring(slot, self)
 
@@ -193,12 +200,15 @@ class TorchDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
 
     # ------------------------------------------------------------------ iteration
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
         info = get_worker_info()
         if info is None:  # in the training process: trainfeed's own threads read
             self._take_topology()
             for batch in readers.iter_batches(self.store.reader, self.options, self.epoch, self.start_batch):
-                yield torch.from_numpy(batch.x), torch.from_numpy(batch.y)
+                if self._shape_dims and batch.shapes is not None:
+                    yield torch.from_numpy(batch.x), torch.from_numpy(batch.y), torch.from_numpy(batch.shapes)
+                else:
+                    yield torch.from_numpy(batch.x), torch.from_numpy(batch.y)
             return
         ring = self._ring
         if ring is None:
@@ -210,12 +220,13 @@ class TorchDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         if info.id == 0:
             epoch, start, opts, store = self.epoch, self.start_batch, self.options, self.store.reader
             reader = Reader(ring, run, epoch, lambda empty: readers.iter_batches(store, opts, epoch, start, empty),
-                            start, self.batches, info.num_workers)
+                            start, self.batches, info.num_workers, self._shape_dims)
             reader.start()
         spec = self.store.reader.sample_spec
         assert spec.shape is not None, "_prepare_workers refused a store without a fixed sample shape"
         try:
-            yield from consume(ring, run, info.id, info.num_workers, reader, (tuple(spec.shape), spec.dtype))
+            yield from consume(ring, run, info.id, info.num_workers, reader, (tuple(spec.shape), spec.dtype),
+                               self._shape_dims)
         finally:
             if reader is not None and reader.is_alive():
                 reader.stop.set()

@@ -61,8 +61,9 @@ POLL_FAR = 0.01
 #: written by then is fetched and cached in a later epoch.
 WORKER_FLUSH_S = 10.0
 
-# columns of the slot table (Y_AT: where the labels start, after the samples)
-FILL, RUN, BATCH, ROWS, READY, TAKEN, RELEASED, Y_AT = range(8)
+# columns of the slot table (Y_AT: where the labels start, after the samples; S_AT: where the
+# samples' own shapes start, after the labels, for a fitted store)
+FILL, RUN, BATCH, ROWS, READY, TAKEN, RELEASED, Y_AT, S_AT = range(9)
 # cells of the header (H_PID: the reader of run H_RUN; H_WRITER: the process writing slots now)
 H_RUN, H_PID, H_EPOCH, H_START, H_END, H_ERROR_RUN, H_ERROR_LEN, H_WRITER = range(8)
 
@@ -76,7 +77,7 @@ class Handle:
     seq: int
     run: int
     batch: int
-    part: str  # "x" or "y"
+    part: str  # "x", "y" or "s" (the samples' own shapes)
     shape: tuple[int, ...]
     dtype: str
     offset: int
@@ -120,7 +121,7 @@ class Ring:
         self.slots = max(MIN_SLOTS, min(MAX_SLOTS, RING_BYTES // self.slot_bytes))
         storage = torch.UntypedStorage._new_shared(self.slots * self.slot_bytes)
         self.data = torch.empty(0, dtype=torch.uint8).set_(storage)
-        self.table = torch.zeros((self.slots, 8), dtype=torch.int64).share_memory_()
+        self.table = torch.zeros((self.slots, S_AT + 1), dtype=torch.int64).share_memory_()
         self.header = torch.zeros(8, dtype=torch.int64).share_memory_()
         self.text = torch.zeros(2048, dtype=torch.uint8).share_memory_()
         self._local()
@@ -168,8 +169,10 @@ class Ring:
         rows = int(self.np_table[slot, ROWS])  # the batch bound may be another than the handle's (in_order=False)
         if handle.part == "x":
             shape, offset = (rows, *handle.shape[1:]), 0
-        else:
+        elif handle.part == "y":
             shape, offset = (rows,), int(self.np_table[slot, Y_AT])
+        else:  # "s": each sample's own shape
+            shape, offset = (rows, *handle.shape[1:]), int(self.np_table[slot, S_AT])
         size = int(np.prod(shape, dtype=np.int64)) * np.dtype(handle.dtype).itemsize
         return torch.from_numpy(lease[offset:offset + size].view(handle.dtype).reshape(shape))
 
@@ -253,8 +256,11 @@ class Reader(threading.Thread):
     """DataLoader worker 0's thread that reads the rank's batches into the ring."""
 
     def __init__(self, ring: Ring, run: int, epoch: int, batches: Callable[[Callable], Iterator],
-                 start: int, end: int, workers: int):
+                 start: int, end: int, workers: int, shape_dims: int = 0):
+        """``shape_dims``: sizes of each sample's own shape kept in the slot after its labels (a
+        fitted store's ``Batch.shapes``); 0: none."""
         super().__init__(name="trainfeed-ring-reader", daemon=True)
+        self.shape_dims = shape_dims
         self.ring, self.run_id, self.epoch, self.batches = ring, run, epoch, batches
         self.start_batch, self.end = start, end
         self.ahead = max(1, min(2 * workers + 1, AHEAD_BYTES // ring.slot_bytes))
@@ -275,7 +281,11 @@ class Reader(threading.Thread):
                     self._empty(batch.x.shape, batch.x.dtype)[...] = batch.x
                 s, y_at = self._slot, _aligned(batch.x.nbytes)
                 ring.slot(s)[y_at:y_at + batch.y.nbytes] = batch.y.view(np.uint8)
+                s_at = _aligned(y_at + batch.y.nbytes)
+                if self.shape_dims and batch.shapes is not None:
+                    ring.slot(s)[s_at:s_at + batch.shapes.nbytes] = batch.shapes.reshape(-1).view(np.uint8)
                 table[s, ROWS], table[s, Y_AT], table[s, BATCH], table[s, RUN] = len(batch.y), y_at, k, self.run_id
+                table[s, S_AT] = s_at
                 table[s, FILL] = self._seq
                 table[s, READY] = 1  # last: published
                 self._seq += 1
@@ -312,7 +322,7 @@ class Reader(threading.Thread):
         """The engine's allocator for a batch's x: a free slot's memory."""
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if _aligned(nbytes) + 8 * shape[0] > self.ring.slot_bytes:
+        if _aligned(nbytes) + _aligned(8 * shape[0]) + 8 * shape[0] * self.shape_dims > self.ring.slot_bytes:
             raise TrainfeedError(f"a batch of {nbytes} bytes does not fit the DataLoader's batch slots "
                                  f"({self.ring.slot_bytes} bytes)")
         s = self._free_slot()
@@ -354,10 +364,11 @@ class _Stopped(Exception):
 
 
 def consume(ring: Ring, run: int, worker: int, workers: int, reader: Reader | None,
-            sample: tuple[tuple[int, ...], str]) -> Iterator[tuple[SlotTensor, SlotTensor]]:
+            sample: tuple[tuple[int, ...], str], shape_dims: int = 0) -> Iterator[tuple[SlotTensor, ...]]:
     """Worker ``worker`` of ``workers``: its batches of run ``run`` as slot tensors (x of
-    ``sample``'s shape and dtype per row, y int64), in order; with ``reader`` (worker 0), until
-    that reader has read the other workers' batches too."""
+    ``sample``'s shape and dtype per row, y int64 and, with ``shape_dims``, each sample's own
+    shape, int64 of that many sizes), in order; with ``reader`` (worker 0), until that reader has
+    read the other workers' batches too."""
     header, table = ring.np_header, ring.np_table
     parent, done = os.getppid(), _loader_done()
     try:
@@ -371,12 +382,17 @@ def consume(ring: Ring, run: int, worker: int, workers: int, reader: Reader | No
         except _Stopped:  # the DataLoader is shutting its workers down: give the worker back to it
             return
         if s < 0:  # delivered already, for a handle that came first: this handle stands for the next batch
-            yield _ticket(ring, run, k, sample)
+            yield _ticket(ring, run, k, sample, shape_dims)
             continue
         seq, rows, y_at = int(table[s, FILL]), int(table[s, ROWS]), int(table[s, Y_AT])
         x_shape, x_dtype = (rows, *sample[0]), sample[1]
-        yield (_slot_tensor(ring, Handle(ring.id, s, seq, run, k, "x", x_shape, np.dtype(x_dtype).str, 0)),
-               _slot_tensor(ring, Handle(ring.id, s, seq, run, k, "y", (rows,), "<i8", y_at)))
+        parts: tuple[SlotTensor, ...] = (
+            _slot_tensor(ring, Handle(ring.id, s, seq, run, k, "x", x_shape, np.dtype(x_dtype).str, 0)),
+            _slot_tensor(ring, Handle(ring.id, s, seq, run, k, "y", (rows,), "<i8", y_at)))
+        if shape_dims:
+            parts += (_slot_tensor(ring, Handle(ring.id, s, seq, run, k, "s", (rows, shape_dims), "<i8",
+                                                int(table[s, S_AT]))),)
+        yield parts
     while reader is not None and reader.is_alive():  # the other workers' batches are read by this one's thread
         reader.join(0.05)
         if done is not None and done.is_set():  # the DataLoader is shutting down: they are not wanted
@@ -420,14 +436,16 @@ def _slot_tensor(ring: Ring, handle: Handle) -> SlotTensor:
     return t
 
 
-def _ticket(ring: Ring, run: int, k: int, sample: tuple[tuple[int, ...], str]) -> tuple[SlotTensor, SlotTensor]:
+def _ticket(ring: Ring, run: int, k: int, sample: tuple[tuple[int, ...], str], shape_dims: int = 0
+            ) -> tuple[SlotTensor, ...]:
     """Handles with no slot behind them: the training process binds them to the run's next batch."""
     def empty(part: str, shape: tuple[int, ...], dtype: str) -> SlotTensor:
         t = torch.empty(shape, dtype=torch_dtype(dtype)).as_subclass(SlotTensor)
         t.handle = Handle(ring.id, -1, 0, run, k, part, shape, np.dtype(dtype).str, 0)
         return t
 
-    return empty("x", (0, *sample[0]), sample[1]), empty("y", (0,), "<i8")
+    parts: tuple[SlotTensor, ...] = (empty("x", (0, *sample[0]), sample[1]), empty("y", (0,), "<i8"))
+    return parts + (empty("s", (0, shape_dims), "<i8"),) if shape_dims else parts
 
 
 def torch_dtype(dtype: str) -> torch.dtype:

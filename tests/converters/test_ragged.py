@@ -212,6 +212,26 @@ def test_torch_dataset_needs_a_fit_and_workers_deliver_the_fitted_batches(tmp_pa
         assert all(g.tobytes() == e.tobytes() for g, e in zip(got, expected))
     assert len(truth) == 12
 
+    # return_shapes: each sample's own shape beside its padded batch, through worker processes too
+    fit = "pad:2x4x9x11"
+    want = [(b.x.copy(), b.shapes.copy()) for b in trainfeed.open_store(url, fit=fit).batches(4, seed=5)]
+    (tmp_path / "fixed").mkdir()
+    for i in range(8):
+        np.save(tmp_path / "fixed" / f"f{i}.npy", np.zeros((3, 5), np.int16))
+    with pytest.raises(trainfeed.UsageError, match="return_shapes=True gives each sample's own shape"):
+        trainfeed.TorchDataset(str(tmp_path / "fixed"), batch_size=4, return_shapes=True)
+    for workers in (0, 2):
+        ds = trainfeed.TorchDataset(url, batch_size=4, seed=5, fit=fit, return_shapes=True)
+        got = [(x.numpy().copy(), s.numpy().copy()) for x, _, s in
+               DataLoader(ds, batch_size=None, num_workers=workers, timeout=120 * (workers > 0))]
+        assert len(got) == 3
+        for (gx, gs), (wx, ws) in zip(got, want):
+            assert gx.tobytes() == wx.tobytes() and gs.tolist() == ws.tolist()
+            for x, shape in zip(gx, gs):  # zeros outside each sample's own extent
+                inside = np.zeros(x.shape, bool)
+                inside[tuple(slice(0, n) for n in shape)] = True
+                assert not x[~inside].any()
+
 
 def test_train_needs_a_fit_for_ragged_samples_and_trains_with_one(tmp_path):
     from trainfeed.training.cli import app as train_app
