@@ -367,8 +367,10 @@ def ragged_column(col: pa.Array | pa.ChunkedArray, shapes: pa.Array | pa.Chunked
         col = col.combine_chunks()
     dims = shapes.to_pylist()
     le = np.dtype(spec.dtype).newbyteorder("<")
-    if pa.types.is_binary(col.type):
-        flat = [np.frombuffer(v, dtype=le) if v is not None else np.empty(0, le) for v in col.to_pylist()]
+    if pa.types.is_binary(col.type):  # views of Arrow's data buffer: no copy
+        offsets = np.frombuffer(col.buffers()[1], np.int32, len(col) + 1, col.offset * 4)
+        data = np.frombuffer(col.buffers()[2], np.uint8) if len(col) else np.empty(0, np.uint8)
+        flat = [data[offsets[i]:offsets[i + 1]].view(le) for i in range(len(col))]
     else:
         values = col.flatten().to_numpy(zero_copy_only=False)
         offsets = col.offsets.to_numpy()
