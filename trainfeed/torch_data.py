@@ -136,7 +136,12 @@ class TorchDataset(IterableDataset[tuple[torch.Tensor, ...]]):
         rows = self.options.rank_batch
         slot = -(-rows * sample // 64) * 64 + -(-8 * rows // 64) * 64 + 8 * rows * self._shape_dims
         if self._ring is None or self._ring.slot_bytes < slot:
-            self._ring = Ring(slot, self)
+            try:
+                self._ring = Ring(slot, self)
+            except RuntimeError as exc:  # /dev/shm too small for the ring: say what it needed
+                raise TrainfeedError(f"{self.store.uri}: cannot allocate the DataLoader's batch slots in shared memory "
+                                     f"({slot:,} bytes a batch): {exc}; use a smaller batch_size (or fit), or give "
+                                     "/dev/shm more room (docker run --shm-size)") from exc
 
     def __getstate__(self) -> dict[str, Any]:
         self._prepare_workers()  # a spawn or forkserver worker is being started (or a copy made)
