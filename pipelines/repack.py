@@ -31,12 +31,13 @@ from trainfeed.converters.errors import SampleError, TrainfeedError, UsageError
 from trainfeed.converters.formats import delta
 from trainfeed.converters.formats.manifest import WRITER, write_manifest
 from trainfeed.converters.formats.options import WriteOptions, parse_size
-from trainfeed.converters.layout import DatasetSchema, arrow_schema
+from trainfeed.converters.layout import CHANNELS, SUPPORTED_DTYPES, DatasetSchema, arrow_schema
 from trainfeed.converters.redact import redact
-from trainfeed.converters.sources.decode import ImageOptions, Sample
-from trainfeed.converters.sources.labels import Labels, resolve_labels
+from trainfeed.converters.sources.decode import ArrayOptions, ImageOptions, Sample
+from trainfeed.converters.sources.dtypes import AUTO
+from trainfeed.converters.sources.labels import Labels, labels_in_source, parse_classes, resolve_labels
 from trainfeed.converters.sources.listing import Listing, SourceFile, list_source
-from trainfeed.converters.sources.samples import SchemaGuard, load_sample
+from trainfeed.converters.sources.samples import SchemaGuard, load_sample, scan_dtype
 from trainfeed.converters.storage.config import parse_storage_options
 from trainfeed.pipelines.entry import run_job
 from trainfeed.pipelines.paths import fuse_path, spark_path
@@ -62,7 +63,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--work-dir", default=None, help="with --table: a folder every node reads and writes (a volume "
                     "path) for the intermediate Parquet parts (in a subfolder removed afterwards)")
     ap.add_argument("--to", choices=("parquet", "delta"), required=True, help="the store's format")
-    ap.add_argument("--labels", default=None, help="labels CSV (id,label); else class subfolders, else none")
+    ap.add_argument("--labels", default=None, help="labels CSV (id,label); else SRC/labels.csv when there is one (as "
+                    "convert), else class subfolders, else none")
+    ap.add_argument("--classes", default=None, help="class names in label order, joined by commas (as convert "
+                    "--classes); default: sorted")
+    ap.add_argument("--ragged", action="store_true", help="arrays: keep each sample in its own shape (as convert "
+                    "--ragged)")
+    ap.add_argument("--dtype", default=None, help="arrays: store every sample in this dtype where no value changes, "
+                    "or auto: the smallest that holds every .npy file's, from their headers, read on the driver "
+                    "(as convert --dtype)")
+    ap.add_argument("--channels", default=None, choices=CHANNELS, help="arrays: where the channel axis is, "
+                    "recorded in the store (as convert --channels)")
     ap.add_argument("--on-error", choices=("fail", "skip"), default="fail",
                     help="fail: any bad file fails the job and nothing is written; skip: write the rest and "
                          "list the bad files in DST.rejects.jsonl (default: %(default)s)")
@@ -100,6 +111,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.target_file_size = parse_size(args.target_file_size, "--target-file-size")
         args.row_group_size = parse_size(args.row_group_size, "--row-group-size")
         args.storage_options = parse_storage_options(args.storage_option)
+        args.classes = parse_classes(args.classes)
+        if args.dtype is not None and args.dtype not in (AUTO, *SUPPORTED_DTYPES):
+            raise UsageError(f"--dtype must be auto or one of {', '.join(SUPPORTED_DTYPES)}, not {args.dtype!r}")
     except UsageError as exc:
         ap.error(redact(str(exc)))
     for name in ("src", "dst", "labels", "work_dir"):  # dbfs:/... read through the FUSE mount
@@ -206,15 +220,15 @@ def _summary(args: argparse.Namespace, output: str, staged: _Staged, spark, repo
             "engine": "spark", "spark_master": spark.sparkContext.master}
 
 
-def _first_sample(args: argparse.Namespace, fs, listing: Listing, labels: Labels) -> tuple[Sample, SchemaGuard]:
+def _first_sample(args: argparse.Namespace, fs, listing: Listing, labels: Labels, arrays: ArrayOptions
+                  ) -> tuple[Sample, SchemaGuard]:
     """The first valid sample, which fixes the store's fields as in convert, and the guard
     that holds every other sample to them."""
-    guard = SchemaGuard(listing.kind, ImageOptions())
+    guard = SchemaGuard(listing.kind, ImageOptions(), arrays=arrays)
     reasons = []
     for src in listing.files:
         try:
-            sample = load_sample(fs, listing.kind, src, labels, ImageOptions())
-            guard.check(src.path, sample)
+            sample = guard.take(src.path, load_sample(fs, listing.kind, src, labels, ImageOptions()))
             return sample, guard
         except SampleError as err:
             reasons.append(str(err))
@@ -227,12 +241,17 @@ def _stage(args: argparse.Namespace, folder: Path, spark) -> _Staged:
     """List, plan, and have the executors write every task's part into ``folder``. Raises
     (nothing published) on a reject under --on-error fail."""
     fs, listing = list_source(args.src, args.storage_options)
-    labels = resolve_labels(listing.files, labels_csv=args.labels, storage_options=args.storage_options)
+    labels_csv = args.labels or labels_in_source(args.src, args.storage_options)
+    labels = resolve_labels(listing.files, labels_csv=labels_csv, storage_options=args.storage_options,
+                            classes=args.classes)
     if labels.missing and args.on_error == "fail":
         unlabeled = next(f for f in listing.files if f.id == labels.missing[0])
-        raise TrainfeedError(f"{unlabeled.path}: no label for id {unlabeled.id!r} in {args.labels} "
+        raise TrainfeedError(f"{unlabeled.path}: no label for id {unlabeled.id!r} in {labels_csv} "
                              f"(files without a label: {len(labels.missing)} of {len(listing.files)}; nothing written)")
-    first, guard = _first_sample(args, fs, listing, labels)
+    read_threads = args.read_threads or (16 if "://" in args.src else 4)
+    dtype = scan_dtype(fs, listing, args.src, read_threads)[0] if args.dtype == AUTO else args.dtype
+    arrays = ArrayOptions(ragged=args.ragged, dtype=dtype, channels=args.channels)
+    first, guard = _first_sample(args, fs, listing, labels, arrays)
     assert guard.specs is not None  # the first sample fixed them
     schema = DatasetSchema(fields=list(guard.specs), labeled=labels.by_id is not None, label_map=labels.label_map,
                            source=source_location(args.src), store_id=uuid.uuid4().hex)
@@ -240,8 +259,8 @@ def _stage(args: argparse.Namespace, folder: Path, spark) -> _Staged:
                          tensor_column=args.tensor_column)
     ctx = TaskContext(src=args.src, storage_options=args.storage_options, kind=listing.kind, schema=schema,
                       specs=list(guard.specs), first_id=first.id, staging=str(folder), write=write,
-                      sample_nbytes=max(1, first.nbytes), on_error=args.on_error,
-                      read_threads=args.read_threads or (16 if "://" in args.src else 4))
+                      sample_nbytes=max(1, first.nbytes), on_error=args.on_error, read_threads=read_threads,
+                      arrays=arrays)
     sc = spark.sparkContext
     tasks = plan_tasks(listing.files, task_bytes(listing.files, args.target_file_size, sc.defaultParallelism))
     by_id = labels.by_id

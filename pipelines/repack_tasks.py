@@ -17,7 +17,7 @@ from trainfeed.converters.errors import SampleError, TrainfeedError
 from trainfeed.converters.formats.options import WriteOptions
 from trainfeed.converters.formats.parquet import write_parts
 from trainfeed.converters.layout import DatasetSchema, FieldSpec
-from trainfeed.converters.sources.decode import ImageOptions, Sample
+from trainfeed.converters.sources.decode import ArrayOptions, ImageOptions, Sample
 from trainfeed.converters.sources.labels import Labels
 from trainfeed.converters.sources.listing import SourceFile
 from trainfeed.converters.sources.samples import SchemaGuard, load_sample, ordered_map
@@ -55,6 +55,7 @@ class TaskContext:
     sample_nbytes: int  # of the first sample: rows per row group, as convert sizes them
     on_error: str
     read_threads: int  # files read at once by a task (reads from a volume or a cloud URL wait on the network)
+    arrays: ArrayOptions = ArrayOptions()  # --ragged, --dtype (already found when auto), --channels
 
 
 @dataclass
@@ -78,7 +79,7 @@ def run_task(ctx: TaskContext, index: int, attempt: int, files: list[SourceFile]
              labels: dict[str, int] | None) -> TaskResult:
     """Read, check and write one task's files. A rejected file is reported, not written;
     with on_error "fail" the task stops at the first one (the driver then writes nothing)."""
-    guard = SchemaGuard(ctx.kind, ImageOptions(), ctx.specs, ctx.first_id)
+    guard = SchemaGuard(ctx.kind, ImageOptions(), ctx.specs, ctx.first_id, ctx.arrays)
     fs, _ = open_fs(ctx.src, ctx.storage_options)
     by_id = Labels(labels)
     result = TaskResult(index)
@@ -88,7 +89,7 @@ def run_task(ctx: TaskContext, index: int, attempt: int, files: list[SourceFile]
         for src, got in zip(files, ordered_map(load, files, ctx.read_threads)):
             if isinstance(got, Sample):
                 try:
-                    guard.check(src.path, got)
+                    got = guard.take(src.path, got)
                 except SampleError as err:
                     got = err
             if isinstance(got, Sample):

@@ -386,3 +386,33 @@ def test_a_storage_failure_in_a_task_fails_the_job_with_trainfeed_s_message(tmp_
     assert "Traceback" not in err and "AccountKey" not in err
     assert relay.count("status 503") > 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["raw"]
+
+
+@pytest.mark.parametrize("to", ["parquet", "delta"])
+def test_real_data_options_write_what_convert_writes(tmp_path, spark, to):
+    """--ragged, --dtype auto, --channels and --classes on Spark: the store holds what `convert`
+    with the same options holds, sample for sample."""
+    from trainfeed.pipelines import repack
+    from tests.converters.test_ragged import write_ragged
+
+    src = tmp_path / "raw"
+    write_ragged(src, 12)
+    for i in range(0, 12, 4):  # some samples in another dtype: auto takes one holding both
+        np.save(src / f"s{i:02d}.npy", np.abs(np.load(src / f"s{i:02d}.npy")).astype(np.uint16))
+    (src / "labels.csv").write_text("id,label\n" + "".join(f"s{i:02d},{'ab'[i % 2]}\n" for i in range(12)))
+    options = ["--ragged", "--dtype", "auto", "--channels", "last", "--classes", "b,a,c"]
+    summary = repack.repack(repack.parse_args(["--src", str(src), "--to", to, "--dst", str(tmp_path / "spark"),
+                                               "--target-file-size", "2KB", *options]), spark)
+    assert summary["samples"] == 12 and summary["partitions"] > 1
+    made = trainfeed.convert(str(src), str(tmp_path / "convert"), format=to, ragged=True, dtype="auto",
+                             channels="last", classes=["b", "a", "c"])
+    fmt = delta if to == "delta" else parquet
+    spark_schema, convert_schema = fmt.read_schema(tmp_path / "spark"), fmt.read_schema(tmp_path / "convert")
+    assert spark_schema.fields == convert_schema.fields and spark_schema.label_map == {"b": 0, "a": 1, "c": 2}
+    assert made.fields[0] == {"name": "volume", "dtype": "int32", "shape": None, "encoding": "raw",
+                              "channels": "last"}
+    rows = {}
+    for name in ("spark", "convert"):
+        rows[name] = {s: (lab, f["volume"].dtype.str, f["volume"].shape, f["volume"].tobytes())
+                      for s, lab, f in fmt.read_samples(tmp_path / name)}
+    assert rows["spark"] == rows["convert"] and len(rows["spark"]) == 12
