@@ -25,7 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from trainfeed.converters.commit import DestinationLock, Staging
-from trainfeed.converters.convert import source_location, write_rejects_report
+from trainfeed.converters.convert import write_rejects_report
 from trainfeed.converters.destination import check_apart, check_destination, destination_path
 from trainfeed.converters.errors import SampleError, TrainfeedError, UsageError
 from trainfeed.converters.formats import delta
@@ -33,6 +33,7 @@ from trainfeed.converters.formats.manifest import WRITER, write_manifest
 from trainfeed.converters.formats.options import WriteOptions, parse_size
 from trainfeed.converters.layout import CHANNELS, SUPPORTED_DTYPES, DatasetSchema, arrow_schema
 from trainfeed.converters.redact import redact
+from trainfeed.converters.sample_stream import source_location
 from trainfeed.converters.sources.decode import ArrayOptions, ImageOptions, Sample
 from trainfeed.converters.sources.dtypes import AUTO
 from trainfeed.converters.sources.labels import Labels, labels_in_source, parse_classes, resolve_labels
@@ -65,15 +66,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--to", choices=("parquet", "delta"), required=True, help="the store's format")
     ap.add_argument("--labels", default=None, help="labels CSV (id,label); else SRC/labels.csv when there is one (as "
                     "convert), else class subfolders, else none")
-    ap.add_argument("--classes", default=None, help="class names in label order, joined by commas (as convert "
-                    "--classes); default: sorted")
-    ap.add_argument("--ragged", action="store_true", help="arrays: keep each sample in its own shape (as convert "
-                    "--ragged)")
-    ap.add_argument("--dtype", default=None, help="arrays: store every sample in this dtype where no value changes, "
-                    "or auto: the smallest that holds every .npy file's, from their headers, read on the driver "
-                    "(as convert --dtype)")
-    ap.add_argument("--channels", default=None, choices=CHANNELS, help="arrays: where the channel axis is, "
-                    "recorded in the store (as convert --channels)")
+    ap.add_argument("--classes", default=None, help="class names in label order, joined by commas (as convert)")
+    ap.add_argument("--ragged", action="store_true", help="arrays: each sample in its own shape (as convert)")
+    ap.add_argument("--dtype", default=None, choices=(AUTO, *SUPPORTED_DTYPES), metavar="DTYPE",
+                    help="arrays: one dtype where no value changes, or auto: found in the .npy headers, "
+                    "read on the driver (as convert)")
+    ap.add_argument("--channels", default=None, choices=CHANNELS, help="arrays: the channel axis (as convert)")
     ap.add_argument("--on-error", choices=("fail", "skip"), default="fail",
                     help="fail: any bad file fails the job and nothing is written; skip: write the rest and "
                          "list the bad files in DST.rejects.jsonl (default: %(default)s)")
@@ -112,8 +110,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.row_group_size = parse_size(args.row_group_size, "--row-group-size")
         args.storage_options = parse_storage_options(args.storage_option)
         args.classes = parse_classes(args.classes)
-        if args.dtype is not None and args.dtype not in (AUTO, *SUPPORTED_DTYPES):
-            raise UsageError(f"--dtype must be auto or one of {', '.join(SUPPORTED_DTYPES)}, not {args.dtype!r}")
     except UsageError as exc:
         ap.error(redact(str(exc)))
     for name in ("src", "dst", "labels", "work_dir"):  # dbfs:/... read through the FUSE mount

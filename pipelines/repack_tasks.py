@@ -15,7 +15,7 @@ from typing import Iterator
 
 from trainfeed.converters.errors import SampleError, TrainfeedError
 from trainfeed.converters.formats.options import WriteOptions
-from trainfeed.converters.formats.parquet import write_parts
+from trainfeed.converters.formats.parquet_writer import write_parts
 from trainfeed.converters.layout import DatasetSchema, FieldSpec
 from trainfeed.converters.sources.decode import ArrayOptions, ImageOptions, Sample
 from trainfeed.converters.sources.labels import Labels

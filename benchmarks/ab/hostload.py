@@ -11,6 +11,8 @@ import threading
 import time
 from types import TracebackType
 
+import psutil
+
 #: Other processes using this much of the machine's CPU time take cores our reader would use.
 OTHERS_BUSY_PCT = 25.0
 #: Steal is CPU time the hypervisor gave to other guests; a few % already skews short runs.
@@ -30,8 +32,6 @@ def cpu_seconds() -> float:
 def children_cpu_seconds() -> dict[int, float]:
     """CPU time, user + system, of each live descendant process (the storage emulator a run
     started, Spark's JVM, ...): they work for this measurement, so their CPU is not "others'"."""
-    import psutil
-
     out = {}
     for child in psutil.Process().children(recursive=True):
         try:
@@ -174,3 +174,30 @@ class LoadMonitor:
 
 def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 1)
+
+
+class ProcessesCPU:
+    """CPU-seconds of this process and the children it starts from now on (DataLoader workers,
+    not the storage servers already running), read on demand: a child's last reading stands
+    once it has exited."""
+
+    def __init__(self) -> None:
+        self.me = psutil.Process()
+        self._before = {c.pid for c in self.me.children(recursive=True)}
+        self._children: dict[int, float] = {}
+
+    def children(self) -> float:
+        """The new children's CPU-seconds (each as last read)."""
+        for child in self.me.children(recursive=True):
+            if child.pid in self._before:
+                continue
+            try:
+                t = child.cpu_times()
+                self._children[child.pid] = t.user + t.system
+            except psutil.Error:
+                pass
+        return sum(self._children.values())
+
+    def seconds(self) -> float:
+        t = self.me.cpu_times()
+        return t.user + t.system + self.children()

@@ -48,6 +48,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import trainfeed
+from trainfeed.benchmarks.ab.hostload import ProcessesCPU
 from trainfeed.benchmarks.emulators import azurite, s3rver
 from trainfeed.benchmarks.emulators.latency import LatencyRelay
 from trainfeed.benchmarks.micro import io_summary, loader_rows
@@ -120,7 +121,7 @@ def peer_epoch(kind: str, prefix_url: str, options: dict, method: str, workers: 
                s3t.S3IterableDataset.from_prefix(prefix_url, enable_sharding=True, **common))
     loader = DataLoader(dataset, batch_size=32, num_workers=workers, multiprocessing_context=method, timeout=600,
                         shuffle=kind == "map")
-    workers_cpu = loader_rows.ProcessesCPU()
+    workers_cpu = ProcessesCPU()
     before = workers_cpu.children()
     samples = nbytes = 0
     for x in loader:

@@ -23,40 +23,12 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-import psutil
-
 import trainfeed
+from trainfeed.benchmarks.ab.hostload import ProcessesCPU
 
 #: Worker counts measured under fork; the other start methods are measured with this many.
 WORKERS = (1, 2, 4)
 OTHER_METHODS_WORKERS = 2
-
-
-class ProcessesCPU:
-    """CPU-seconds of this process and the children it starts from now on (DataLoader workers,
-    not the storage servers already running), read on demand: a child's last reading stands
-    once it has exited."""
-
-    def __init__(self) -> None:
-        self.me = psutil.Process()
-        self._before = {c.pid for c in self.me.children(recursive=True)}
-        self._children: dict[int, float] = {}
-
-    def children(self) -> float:
-        """The new children's CPU-seconds (each as last read)."""
-        for child in self.me.children(recursive=True):
-            if child.pid in self._before:
-                continue
-            try:
-                t = child.cpu_times()
-                self._children[child.pid] = t.user + t.system
-            except psutil.Error:
-                pass
-        return sum(self._children.values())
-
-    def seconds(self) -> float:
-        t = self.me.cpu_times()
-        return t.user + t.system + self.children()
 
 
 def _epoch(batches, cpu: ProcessesCPU) -> dict:

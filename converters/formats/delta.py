@@ -33,16 +33,12 @@ from trainfeed.converters.formats.options import (
 )
 
 # A Delta table's files are Parquet: its codecs and its read side are Parquet's.
-from trainfeed.converters.formats.parquet import (
+from trainfeed.converters.formats.parquet import RowGroups, file_pieces, ids_in, piece_file, row_group_samples
+from trainfeed.converters.formats.parquet_writer import (
     COMPRESSION_LEVELS,
     COMPRESSIONS,
     DEFAULT_COMPRESSION,
     Part,
-    RowGroups,
-    file_pieces,
-    ids_in,
-    piece_file,
-    row_group_samples,
     write_parts,
 )
 from trainfeed.converters.layout import (

@@ -392,8 +392,8 @@ def test_a_storage_failure_in_a_task_fails_the_job_with_trainfeed_s_message(tmp_
 def test_real_data_options_write_what_convert_writes(tmp_path, spark, to):
     """--ragged, --dtype auto, --channels and --classes on Spark: the store holds what `convert`
     with the same options holds, sample for sample."""
-    from trainfeed.pipelines import repack
     from tests.converters.test_ragged import write_ragged
+    from trainfeed.pipelines import repack
 
     src = tmp_path / "raw"
     write_ragged(src, 12)

@@ -34,9 +34,9 @@ from typing import Callable
 import numpy as np
 
 import trainfeed
+from trainfeed.benchmarks.ab.hostload import ProcessesCPU
 from trainfeed.benchmarks.emulators import s3rver
 from trainfeed.benchmarks.emulators.latency import LatencyRelay
-from trainfeed.benchmarks.micro.loader_rows import ProcessesCPU
 
 #: MLPerf Storage's 3D U-Net: batch and emulated step times (mlcommons/storage, unet3d_h100.yaml / unet3d_a100.yaml).
 BATCH = 7

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainfeed.benchmarks.micro.mlperf_unet3d import BATCH, STEP_S, accelerator_utilization, summary
+from trainfeed.benchmarks.mlperf import BATCH, STEP_S, accelerator_utilization, summary
 
 
 def _storage_bench(*args: str) -> subprocess.CompletedProcess:
