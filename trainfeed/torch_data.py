@@ -14,7 +14,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.store import Pool, Store, epoch_options, open_store
-from trainfeed.torch_handoff import Reader, Ring, consume, torch_dtype
+from trainfeed.torch_handoff import Reader, consume, torch_dtype
+from trainfeed.torch_ring import Ring
 from trainfeed.training.config import distributed_env
 from trainfeed.training.reading import readers
 from trainfeed.training.reading.store import EpochOptions

@@ -16,9 +16,9 @@ import pytest
 
 import trainfeed
 from tests.training.reading.dataloaders import TIMEOUT, loader, make_store, samples_of
-from trainfeed import torch_handoff
+from trainfeed import torch_handoff, torch_ring
 from trainfeed.converters.errors import TrainfeedError
-from trainfeed.torch_handoff import FILL, RELEASED, RUN, TAKEN
+from trainfeed.torch_ring import FILL, RELEASED, RUN, TAKEN
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
@@ -160,8 +160,8 @@ def test_a_killed_worker_leaves_no_shared_memory_and_the_loader_raises(request, 
 
 
 def test_holding_every_slot_is_a_clear_error(request, tmp_path, source, monkeypatch):
-    monkeypatch.setattr(torch_handoff, "MIN_SLOTS", 3)
-    monkeypatch.setattr(torch_handoff, "MAX_SLOTS", 3)
+    monkeypatch.setattr(torch_ring, "MIN_SLOTS", 3)
+    monkeypatch.setattr(torch_ring, "MAX_SLOTS", 3)
     monkeypatch.setattr(torch_handoff, "HOLD_TIMEOUT", 1.0)  # forked workers inherit these
     store, _, _ = make_store(request, tmp_path, source, "local")
     dataset = trainfeed.TorchDataset(store, batch_size=5, seed=4)
