@@ -17,11 +17,11 @@ from trainfeed.converters.formats import delta
 from trainfeed.converters.formats.options import WriteOptions, WriteResult
 from trainfeed.converters.formats.registry import FORMATS, WRITABLE, check_compression
 from trainfeed.converters.interrupt import SafeInterrupts
-from trainfeed.converters.layout import CHANNELS, SUPPORTED_DTYPES, DatasetSchema, channels_warnings
+from trainfeed.converters.layout import DatasetSchema, channels_warnings, check_channels
 from trainfeed.converters.redact import redact_json
 from trainfeed.converters.sample_stream import ProgressFn, SampleStream, source_location
 from trainfeed.converters.sources.decode import ArrayOptions, ImageOptions, Sample
-from trainfeed.converters.sources.dtypes import AUTO
+from trainfeed.converters.sources.dtypes import AUTO, check_dtype_option
 from trainfeed.converters.sources.labels import Labels, resolve_labels
 from trainfeed.converters.sources.listing import list_source
 from trainfeed.converters.sources.samples import scan_dtype
@@ -75,10 +75,8 @@ def check_config(cfg: ConvertConfig) -> None:
         raise UsageError(f"--vacuum-hours must be 0 or more, not {cfg.vacuum_hours}")
     if cfg.workers < 1:
         raise UsageError("--workers must be at least 1")
-    if cfg.arrays.dtype is not None and cfg.arrays.dtype not in (AUTO, *SUPPORTED_DTYPES):
-        raise UsageError(f"--dtype must be auto or one of {', '.join(SUPPORTED_DTYPES)}, not {cfg.arrays.dtype!r}")
-    if cfg.arrays.channels not in (None, *CHANNELS):
-        raise UsageError(f"--channels must be first or last, not {cfg.arrays.channels!r}")
+    check_dtype_option(cfg.arrays.dtype, "--dtype")
+    check_channels(cfg.arrays.channels)
     if cfg.image.promote_depth and cfg.image.mode != "L":
         raise UsageError("--promote-depth stores greyscale images at 16 bits: it needs --image-mode L")
 

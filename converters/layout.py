@@ -162,6 +162,12 @@ class DatasetSchema:
         return cls.from_dict(json.loads(text))
 
 
+def check_channels(value: str | None) -> None:
+    """A usage error unless ``value`` (``--channels``) is None, first or last."""
+    if value not in (None, *CHANNELS):
+        raise UsageError(f"--channels must be first or last, not {value!r}")
+
+
 def looks_channels_first(shape: tuple[int, ...]) -> bool:
     """A sample whose first axis (1-4) is smaller than every other while its last (8 or more)
     is no plausible channel count: (1, 32, 32), (3, 224, 224), (1, 64, 64, 64); not

@@ -15,7 +15,7 @@ from trainfeed.converters.sources.decode import (
     Sample,
     exact_pixels,
 )
-from trainfeed.converters.sources.dtypes import lossless_cast
+from trainfeed.converters.sources.dtypes import cast_fields
 from trainfeed.converters.sources.labels import Labels
 from trainfeed.converters.sources.listing import IMAGE, Listing, SourceFile, read_bytes
 from trainfeed.converters.sources.samples import load_sample, ordered_map
@@ -40,8 +40,7 @@ def reference_sample(fs, kind: str, src: SourceFile, labels: Labels, image_opts:
     if kind != IMAGE:
         sample = load_sample(fs, kind, src, labels, image_opts)
         if arrays.dtype is not None:
-            sample.fields = {k: lossless_cast(src.path, k, v, arrays.dtype) if isinstance(v, np.ndarray) else v
-                             for k, v in sample.fields.items()}
+            sample.fields = cast_fields(src.path, sample.fields, arrays.dtype)
         return sample
     if image_opts.storage != "decoded" or image_opts.resize is not None:
         return load_sample(fs, kind, src, labels, image_opts)

@@ -31,11 +31,11 @@ from trainfeed.converters.errors import SampleError, TrainfeedError, UsageError
 from trainfeed.converters.formats import delta
 from trainfeed.converters.formats.manifest import WRITER, write_manifest
 from trainfeed.converters.formats.options import WriteOptions, parse_size
-from trainfeed.converters.layout import CHANNELS, SUPPORTED_DTYPES, DatasetSchema, arrow_schema
+from trainfeed.converters.layout import CHANNELS, DatasetSchema, arrow_schema
 from trainfeed.converters.redact import redact
 from trainfeed.converters.sample_stream import source_location
 from trainfeed.converters.sources.decode import ArrayOptions, ImageOptions, Sample
-from trainfeed.converters.sources.dtypes import AUTO
+from trainfeed.converters.sources.dtypes import AUTO, DTYPE_CHOICES
 from trainfeed.converters.sources.labels import Labels, labels_in_source, parse_classes, resolve_labels
 from trainfeed.converters.sources.listing import Listing, SourceFile, list_source
 from trainfeed.converters.sources.samples import SchemaGuard, load_sample, scan_dtype
@@ -68,7 +68,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     "convert), else class subfolders, else none")
     ap.add_argument("--classes", default=None, help="class names in label order, joined by commas (as convert)")
     ap.add_argument("--ragged", action="store_true", help="arrays: each sample in its own shape (as convert)")
-    ap.add_argument("--dtype", default=None, choices=(AUTO, *SUPPORTED_DTYPES), metavar="DTYPE",
+    ap.add_argument("--dtype", default=None, choices=DTYPE_CHOICES, metavar="DTYPE",
                     help="arrays: one dtype where no value changes, or auto: found in the .npy headers, "
                     "read on the driver (as convert)")
     ap.add_argument("--channels", default=None, choices=CHANNELS, help="arrays: the channel axis (as convert)")

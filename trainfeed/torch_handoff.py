@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.storage.cache import pid_alive
 from trainfeed.converters.storage.fetch import flush_cache_writes
 from trainfeed.torch_ring import (
     BATCH,
@@ -321,12 +322,9 @@ def _wait(ring: Ring, run: int, reader: Reader | None, parent: int, probe: Calla
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    """``pid_alive``, and not a zombie."""
+    if not pid_alive(pid):
         return False
-    except PermissionError:
-        return True
     try:  # a killed worker stays a zombie until the DataLoader reaps it
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"

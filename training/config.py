@@ -11,7 +11,7 @@ from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.formats.foreign import ForeignSchema
 from trainfeed.converters.formats.options import OpenOptions
 from trainfeed.converters.formats.registry import FORMATS
-from trainfeed.converters.layout import CHANNELS
+from trainfeed.converters.layout import check_channels
 from trainfeed.training.reading.fitting import Fit
 from trainfeed.training.reading.store import EpochOptions
 from trainfeed.training.tensorflow_env import import_tensorflow
@@ -130,8 +130,7 @@ def check(cfg: TrainConfig) -> None:
     if cfg.image_size is not None and not (len(cfg.image_size) == 2 and all(
             isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in cfg.image_size)):
         raise UsageError(f"--image-size must be two positive integers (height, width), not {cfg.image_size!r}")
-    if cfg.channels not in (None, *CHANNELS):
-        raise UsageError(f"--channels must be first or last, not {cfg.channels!r}")
+    check_channels(cfg.channels)
     if cfg.fit is not None:
         Fit.parse(cfg.fit)
     if cfg.data_service is not None:

@@ -2,13 +2,28 @@
 that keeps every value or names the file that has one it would change."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
-from trainfeed.converters.errors import SampleError
+from trainfeed.converters.errors import SampleError, UsageError
 from trainfeed.converters.layout import SUPPORTED_DTYPES
 
 #: ``--dtype auto``: the dtype is found by reading every .npy file's header first (samples.py).
 AUTO = "auto"
+#: What ``--dtype`` (convert, the Spark repack) and ``--cast`` (reading a folder) take.
+DTYPE_CHOICES = (AUTO, *SUPPORTED_DTYPES)
+
+
+def check_dtype_option(value: str | None, flag: str) -> None:
+    """A usage error unless ``value`` is None, auto or a supported dtype."""
+    if value is not None and value not in DTYPE_CHOICES:
+        raise UsageError(f"{flag} must be auto or one of {', '.join(SUPPORTED_DTYPES)}, not {value!r}")
+
+
+def cast_fields(path: str, fields: Mapping[str, np.ndarray | bytes], dtype: str) -> dict[str, np.ndarray | bytes]:
+    """A sample's arrays as ``dtype`` (``lossless_cast`` each); encoded image bytes as they are."""
+    return {name: lossless_cast(path, name, v, dtype) if isinstance(v, np.ndarray) else v for name, v in fields.items()}
 
 
 def lossless_cast(path: str, name: str, arr: np.ndarray, dtype: str) -> np.ndarray:

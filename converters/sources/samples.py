@@ -12,7 +12,6 @@ from functools import reduce
 from typing import Callable, Iterable, Iterator
 
 import fsspec
-import numpy as np
 
 from trainfeed.converters.errors import SampleError, TrainfeedError
 from trainfeed.converters.layout import RAW, SHAPE_SUFFIX, FieldSpec
@@ -26,7 +25,7 @@ from trainfeed.converters.sources.decode import (
     npy_header,
     read_sample,
 )
-from trainfeed.converters.sources.dtypes import holding_both, lossless_cast
+from trainfeed.converters.sources.dtypes import cast_fields, holding_both
 from trainfeed.converters.sources.labels import Labels
 from trainfeed.converters.sources.listing import IMAGE, NPY, Listing, SourceFile, check_listed, read_bytes
 
@@ -90,8 +89,7 @@ class SchemaGuard:
     def take(self, path: str, sample: Sample) -> Sample:
         """The sample as it is stored (each array in ``arrays.dtype``, when given), checked."""
         if self.arrays.dtype is not None:
-            sample.fields = {name: lossless_cast(path, name, v, self.arrays.dtype) if isinstance(v, np.ndarray) else v
-                             for name, v in sample.fields.items()}
+            sample.fields = cast_fields(path, sample.fields, self.arrays.dtype)
         self.check(path, sample)
         return sample
 

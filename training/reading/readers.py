@@ -36,8 +36,7 @@ from trainfeed.converters.formats.interface import Format
 from trainfeed.converters.formats.options import Columns, OpenOptions
 from trainfeed.converters.formats.registry import DATA_SUFFIXES, IN_PLACE, TABLE_SUFFIXES, detect_format, detect_table
 from trainfeed.converters.formats.registry import FORMATS as REGISTRY
-from trainfeed.converters.layout import SUPPORTED_DTYPES
-from trainfeed.converters.sources.dtypes import AUTO
+from trainfeed.converters.sources.dtypes import check_dtype_option
 from trainfeed.converters.storage import fetch
 from trainfeed.converters.storage.location import Location, is_remote, locate
 from trainfeed.training.reading import engine, fitting, images, petastorm_reader
@@ -66,8 +65,7 @@ def open_store(path: str, fmt: str | None = None, opts: OpenOptions = OpenOption
         raise UsageError(f"--reader-pool must be one of {', '.join(POOLS)}, not {pool!r}")
     if opts.io_concurrency < 1:
         raise UsageError(f"--io-concurrency must be at least 1, not {opts.io_concurrency}")
-    if opts.cast is not None and opts.cast not in (AUTO, *SUPPORTED_DTYPES):
-        raise UsageError(f"--cast must be auto or one of {', '.join(SUPPORTED_DTYPES)}, not {opts.cast!r}")
+    check_dtype_option(opts.cast, "--cast")
     remote = is_remote(path)
     if opts.foreign is not None:
         fmt = _foreign_format(path, fmt, opts, pool)
