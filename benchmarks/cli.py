@@ -2,21 +2,22 @@
 from __future__ import annotations
 
 import json
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
-from typing import List, Optional
+from typing import Any
 
 import typer
 
-from trainfeed.benchmarks.ab.config import IMAGE_STORAGES, STORES
+from trainfeed.benchmarks.ab.config import COMPACTED, MatrixConfig, ReportConfig
 from trainfeed.benchmarks.cli_tools import parse_shape, tools
-from trainfeed.benchmarks.model.catalog import CATALOG
 from trainfeed.benchmarks.synth import IMAGE_SIZE, SAMPLE_RANKS, VOLUME_SHAPE, generate_images, generate_volumes
 from trainfeed.converters.cli import Channels
 from trainfeed.converters.errors import TrainfeedError, UsageError, exit_codes
+from trainfeed.converters.option_docs import cli_option
 from trainfeed.converters.progress import MatrixProgress, progress_bar
 from trainfeed.converters.redact import redact, redact_json
-from trainfeed.converters.storage.fetch import DEFAULT_IO_CONCURRENCY
+from trainfeed.converters.sources.decode import ArrayOptions
+from trainfeed.training.config import TrainConfig
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False,
                   help="Measure what storage layout does to training: synthetic datasets and benchmarks.")
@@ -27,7 +28,7 @@ def _root() -> None:
     """Subcommands: generate, run, report (here); calibrate, probe, mlperf, prices (cli_tools.py)."""
 
 
-class Kind(str, Enum):
+class Kind(StrEnum):
     volumes = "volumes"
     images = "images"
 
@@ -76,17 +77,6 @@ def generate(
     typer.echo(json.dumps(info) if as_json else f"{info['count']} {info['kind']} written to {info['path']}")
 
 
-BASELINE_HELP = ("Your current loader, for the small files' row: KEY=VALUE,... of name, concurrency (requests "
-                 "in flight), threads (that read and decode; default: concurrency), prefetch (on/off), framework. "
-                 "E.g. concurrency=1,prefetch=off,framework=tf for a generator reading one file at a time. The "
-                 "report then says what repacking gains over it and what better loading alone would gain.")
-
-
-MY_INSTANCE_HELP = ("The instance you train on today, by its catalog name (e.g. Standard_NC4as_T4_v3; "
-                    "`storage-bench prices` lists them): the report's costs always show it beside the fastest, "
-                    "the cheapest and the best per dollar of each node type.")
-
-
 def _check_my_instance(name: str | None, catalog: Path) -> None:
     from trainfeed.benchmarks.model.catalog import load_catalog
     from trainfeed.benchmarks.report.report import check_instance
@@ -115,71 +105,42 @@ def _csv(text: str) -> tuple[str, ...]:
                   "elapsed time and ETAs. Cells are appended as they finish: a failed cell does not lose the "
                   "others, and the report says why each failed cell failed. Exit 1 when no cell could be measured.")
 def run(
-    src: Optional[str] = typer.Argument(None, help="Folder (or fsspec URL) of the small files: the blob layout. "
+    src: str | None = typer.Argument(None, help="Folder (or fsspec URL) of the small files: the blob layout. "
                                         "Optional with --scenario (which then generates its dataset into OUT/data)."),
     out: Path = typer.Option(Path("bench-out/ab"), "--out", help="Results folder (the local backend's stores go to "
                              "OUT/stores, a local copy of a remote store to OUT/local-copy)."),
-    labels: Optional[str] = typer.Option(None, "--labels", help="Labels CSV (id,label); default SRC/labels.csv if "
-                                         "present. A local file, inside SRC, or on the storage backend."),
-    stores: str = typer.Option(",".join(STORES), "--stores", help=f"Comma-separated: {', '.join(STORES)}."),
-    nodes: str = typer.Option("cpu,t4,h100", "--nodes", help="cpu, cuda (a real GPU), emulated t4, v100, a10g, a100, "
-                              "h100, or a profile file from `calibrate`."),
-    frameworks: str = typer.Option("torch", "--frameworks", help="torch, tf (tf on real nodes only matters for "
-                                   "compute)."),
-    steps: int = typer.Option(30, "--steps", help="Measured steps per cell on emulated nodes (plus one warm-up)."),
-    cpu_steps: int = typer.Option(4, "--cpu-steps", help="Steps per cell on a real CPU node (the full model is slow "
-                                  "there)."),
-    batch_size: int = typer.Option(32, "--batch-size"),
-    width: int = typer.Option(64, "--width", help="Model width: 64 is ResNet-18 (33.2M parameters in 3D)."),
-    workers: int = typer.Option(4, "--workers", help="Reader threads, the same for every store."),
-    io_concurrency: int = typer.Option(DEFAULT_IO_CONCURRENCY, "--io-concurrency", help="Remote or emulated "
-                                       "storage: range requests in flight for each reader, whatever the layout "
-                                       "(small files: one GET each; row groups: 8 MB parts)."),
-    repeats: int = typer.Option(1, "--repeats"),
-    storage_backend: str = typer.Option("local", "--storage-backend", help="Where every store is staged and read "
-                                        "from: local (OUT/stores), azurite (a local Azurite, the real Azure Blob API, "
-                                        "started for the run), or a URL such as abfs://container/folder (with "
-                                        "--storage-option; storage-bench replaces what it stages there)."),
-    storage_profile: str = typer.Option("azure-blob", "--storage-profile", help="Latency emulation every read goes "
-                                        "through: azure-blob, s3, lan, a profile file written by `storage-bench "
-                                        "probe`, or none (on a real cloud, where latency is real)."),
-    storage_option: List[str] = typer.Option([], "--storage-option", help="KEY=VALUE for a remote SRC, --labels and "
-                                             "a URL --storage-backend."),
-    target_samples: int = typer.Option(650_000, "--target-samples", help="Your full dataset's size, for projections."),
-    target_epochs: int = typer.Option(5, "--target-epochs"),
-    catalog: Path = typer.Option(CATALOG, "--catalog", help="Instance catalog CSV (prices with date and source)."),
-    resize: Optional[str] = typer.Option(None, "--resize", help="Image folders: resize every image to HEIGHTxWIDTH "
-                                         "(e.g. 64x64): at conversion for the compacted stores, by the reader for "
-                                         "the small files. Default: keep the original size."),
-    image_storage: str = typer.Option(",".join(IMAGE_STORAGES), "--image-storage", help="Image folders: how the "
-                                      "compacted stores hold the images, comma-separated: encoded (JPEG/PNG bytes, "
-                                      "decoded as read), decoded (pixels); one store per format and choice, named "
-                                      "FORMAT-encoded, FORMAT-decoded."),
-    image_mode: str = typer.Option("RGB", "--image-mode", help="Image folders: the mode the compacted stores' images "
-                                   "are converted to when decoded or resized, RGB or L (grayscale; keeps 16-bit "
-                                   "grayscale PNGs at 16 bits), as `convert --image-mode`."),
-    reduce_depth: bool = typer.Option(False, "--reduce-depth", help="Image folders: the conversion takes a 16-bit "
-                                      "image that cannot keep its bits at 8 bits per channel instead of refusing it, "
-                                      "as `convert --reduce-depth`."),
-    promote_depth: bool = typer.Option(False, "--promote-depth", help="Image folders, with --image-mode L: the "
-                                       "conversion stores 8-bit greyscale images as 16-bit (exact), so that a folder "
-                                       "mixing 8- and 16-bit greyscale images keeps every bit, as "
-                                       "`convert --promote-depth`."),
-    ragged: bool = typer.Option(False, "--ragged", help="Arrays of different shapes: the compacted stores keep each "
-                                "sample in its own shape, as `convert --ragged`; give --fit for how every store's "
-                                "batches are read."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="Arrays: the compacted stores hold every sample in this "
-                                        "dtype (or auto), as `convert --dtype`; the small files are read as they are "
-                                        "(give them one dtype, or --fit does not help)."),
-    fit: Optional[str] = typer.Option(None, "--fit", help="Samples of different shapes: how every store (the small "
-                                      "files too) is batched, pad:SHAPE, crop:SHAPE or resize:SHAPE, as "
-                                      "`train --fit`."),
-    channels: Optional[Channels] = typer.Option(None, "--channels", help="Arrays: where the channel axis is, first "
-                                                "or last, as `convert --channels` / `train --channels`; a shape that "
-                                                "looks channels-first is refused until said."),
-    baseline_loader: Optional[str] = typer.Option(None, "--baseline-loader", help=BASELINE_HELP),
-    my_instance: Optional[str] = typer.Option(None, "--my-instance", help=MY_INSTANCE_HELP),
-    scenario: Optional[Path] = typer.Option(None, "--scenario", help="A scenario file (TOML, see scenarios/): the "
+    labels: str | None = cli_option(MatrixConfig, "labels_csv"),
+    stores: str = cli_option(MatrixConfig, "stores"),
+    nodes: str = cli_option(MatrixConfig, "nodes"),
+    frameworks: str = cli_option(MatrixConfig, "frameworks"),
+    steps: int = cli_option(MatrixConfig, "steps"),
+    cpu_steps: int = cli_option(MatrixConfig, "cpu_steps"),
+    batch_size: int = cli_option(MatrixConfig, "batch_size"),
+    width: int = cli_option(MatrixConfig, "width"),
+    workers: int = cli_option(MatrixConfig, "workers"),
+    io_concurrency: int = cli_option(MatrixConfig, "io_concurrency"),
+    repeats: int = cli_option(MatrixConfig, "repeats"),
+    storage_backend: str = cli_option(MatrixConfig, "storage_backend"),
+    storage_profile: str = cli_option(MatrixConfig, "storage_profile"),
+    storage_option: list[str] = cli_option(MatrixConfig, "storage_options", default=[], help_suffix=(
+        " KEY=VALUE, once per setting.")),
+    target_samples: int = cli_option(ReportConfig, "target_samples"),
+    target_epochs: int = cli_option(ReportConfig, "target_epochs"),
+    catalog: Path = cli_option(ReportConfig, "catalog"),
+    resize: str | None = cli_option(MatrixConfig, "resize"),
+    image_storage: str = cli_option(MatrixConfig, "image_storage"),
+    image_mode: str = cli_option(MatrixConfig, "image_mode"),
+    reduce_depth: bool = cli_option(MatrixConfig, "reduce_depth"),
+    promote_depth: bool = cli_option(MatrixConfig, "promote_depth"),
+    ragged: bool = cli_option(ArrayOptions, "ragged", help_suffix=COMPACTED + " Give --fit for how every store's "
+                              "batches are read."),
+    dtype: str | None = cli_option(ArrayOptions, "dtype", help_suffix=COMPACTED + " The small files are read as "
+                                   "they are (give them one dtype, or --fit does not help)."),
+    fit: str | None = cli_option(MatrixConfig, "fit"),
+    channels: Channels | None = cli_option(TrainConfig, "channels"),
+    baseline_loader: str | None = cli_option(ReportConfig, "baseline_loader"),
+    my_instance: str | None = cli_option(ReportConfig, "my_instance"),
+    scenario: Path | None = typer.Option(None, "--scenario", help="A scenario file (TOML, see scenarios/): the "
                                             "workload, model, storage, loaders and nodes to project onto, with the "
                                             "published times to compare with; it sets the matrix (stores, nodes, "
                                             "steps, batch, width, latency profile: the matrix options above are "
@@ -228,11 +189,11 @@ def run(
         _fail_unless_measured(info)
 
 
-def _report_line(info: dict) -> str:
+def _report_line(info: dict[str, Any]) -> str:
     return redact(f"report: {info['report_html']} (and {info['report_md']})")
 
 
-def _fail_unless_measured(info: dict) -> None:
+def _fail_unless_measured(info: dict[str, Any]) -> None:
     """A matrix in which no cell was measured is a failed run (exit 1), its report says why."""
     if info["cells"] == 0:
         raise TrainfeedError(f"{info['report_md']}: no cell was measured: all {info['errors']} failed; "
@@ -243,11 +204,11 @@ def _fail_unless_measured(info: dict) -> None:
              help="Rebuild results.csv, costs.csv, report.md and report.html from OUT/results.jsonl.")
 def report(
     out: Path = typer.Argument(..., help="A folder written by `storage-bench run`."),
-    target_samples: int = typer.Option(650_000, "--target-samples"),
-    target_epochs: int = typer.Option(5, "--target-epochs"),
-    catalog: Path = typer.Option(CATALOG, "--catalog"),
-    baseline_loader: Optional[str] = typer.Option(None, "--baseline-loader", help=BASELINE_HELP),
-    my_instance: Optional[str] = typer.Option(None, "--my-instance", help=MY_INSTANCE_HELP),
+    target_samples: int = cli_option(ReportConfig, "target_samples"),
+    target_epochs: int = cli_option(ReportConfig, "target_epochs"),
+    catalog: Path = cli_option(ReportConfig, "catalog"),
+    baseline_loader: str | None = cli_option(ReportConfig, "baseline_loader"),
+    my_instance: str | None = cli_option(ReportConfig, "my_instance"),
 ) -> None:
     from trainfeed.benchmarks.model.projection import parse_loader
     from trainfeed.benchmarks.report import report as report_mod

@@ -7,12 +7,13 @@ import json
 import os
 from dataclasses import asdict
 from pathlib import Path
-from typing import List, Optional
+from typing import Any
 
 import typer
 
-from trainfeed.benchmarks.model.catalog import CATALOG
+from trainfeed.benchmarks.ab.config import ReportConfig
 from trainfeed.converters.errors import UsageError, exit_codes
+from trainfeed.converters.option_docs import cli_option
 from trainfeed.converters.redact import redact, redact_json
 
 tools = typer.Typer()
@@ -52,12 +53,12 @@ def calibrate(
     device: str = typer.Option("auto", "--device", help="auto (cuda when present), cpu or cuda."),
     amp: bool = typer.Option(False, "--amp"),
 ) -> None:
-    from trainfeed.benchmarks.ab.measure import compute_only_torch
     from trainfeed.benchmarks.model.profiles import Accelerator, calibration_key, save_accelerator
+    from trainfeed.training.frameworks import TORCH
 
     dims = parse_shape(shape)
     device = ("cuda" if _cuda() else "cpu") if device == "auto" else device
-    seconds, _ = compute_only_torch(dims, batch_size, width, max(2, steps), device, amp)
+    seconds, _ = TORCH.compute_only(tuple(dims), batch_size, width, max(2, steps), device, amp)
     import torch
 
     label = torch.cuda.get_device_name(0) if device == "cuda" else f"CPU ({os.cpu_count()} cores)"
@@ -79,9 +80,9 @@ def calibrate(
 def probe(
     url: str = typer.Argument(..., help="Local folder or fsspec URL: abfs://container/prefix, s3://bucket/prefix, "
                               "emulated:///folder (with --storage-option target=file profile=azure-blob), ..."),
-    storage_option: List[str] = typer.Option([], "--storage-option", help="KEY=VALUE for URL's filesystem "
+    storage_option: list[str] = typer.Option([], "--storage-option", help="KEY=VALUE for URL's filesystem "
                                              "(e.g. connection_string=..., account_name=...)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Profile file to write (JSON)."),
+    out: Path | None = typer.Option(None, "--out", help="Profile file to write (JSON)."),
     name: str = typer.Option("probed", "--name", help="The profile's name."),
     small_size: str = typer.Option("64KB", "--small-size", help="Size of the small GETs (latency)."),
     large_size: str = typer.Option("32MB", "--large-size", help="Size of the large range reads (bandwidth); the "
@@ -93,7 +94,7 @@ def probe(
                                   "probe objects (read-only credentials)."),
     as_json: bool = typer.Option(False, "--json", help="Print the profile as JSON."),
 ) -> None:
-    from trainfeed.benchmarks.ab import storagesim  # noqa: F401  registers emulated://
+    from trainfeed.benchmarks.ab import storagesim  # noqa: F401  registers emulated:// (a probe's target)
     from trainfeed.benchmarks.ab.probe import ProbeConfig, summary
     from trainfeed.benchmarks.ab.probe import probe as run_probe
     from trainfeed.benchmarks.model.profiles import save_object_store
@@ -137,7 +138,7 @@ def mlperf(
                    "--workers and --latency-ms at least 0", err=True)
         raise typer.Exit(2)
 
-    def emit(record: dict) -> None:
+    def emit(record: dict[str, Any]) -> None:
         typer.echo(json.dumps(record))
         typer.echo(f"{record['kind']} epoch {record['epoch']}: {record['mb_per_s']} MB/s, "
                    f"{record['cpu_s_per_gb']} CPU-s/GB", err=True)
@@ -155,15 +156,15 @@ def mlperf(
                   "Retail Prices API and the AWS price list (AmazonEC2 offer file) and writes the updated catalog "
                   "to --out; without --out it prints what would change and writes nothing. Progress on stderr.")
 def prices(
-    catalog: Path = typer.Option(CATALOG, "--catalog", help="Instance catalog CSV."),
+    catalog: Path = cli_option(ReportConfig, "catalog"),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     refresh: bool = typer.Option(False, "--refresh", help="Re-price the Azure and AWS rows from the providers' APIs."),
     region: str = typer.Option("eastus", "--region", help="Azure region (armRegionName) for --refresh."),
     aws_region: str = typer.Option("us-east-1", "--aws-region", help="AWS region for --refresh."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write the refreshed catalog here (never the shipped one)."),
-    azure_url: Optional[str] = typer.Option(None, "--azure-url", help="Azure Retail Prices API endpoint "
+    out: Path | None = typer.Option(None, "--out", help="Write the refreshed catalog here (never the shipped one)."),
+    azure_url: str | None = typer.Option(None, "--azure-url", help="Azure Retail Prices API endpoint "
                                             "(default: https://prices.azure.com/api/retail/prices)."),
-    aws_url: Optional[str] = typer.Option(None, "--aws-url", help="AWS price list base URL "
+    aws_url: str | None = typer.Option(None, "--aws-url", help="AWS price list base URL "
                                           "(default: https://pricing.us-east-1.amazonaws.com)."),
 ) -> None:
     from trainfeed.benchmarks.model.prices import run as run_prices

@@ -27,9 +27,10 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,6 +38,9 @@ import trainfeed
 from trainfeed.benchmarks.ab.hostload import ProcessesCPU
 from trainfeed.benchmarks.emulators import s3rver
 from trainfeed.benchmarks.emulators.latency import LatencyRelay
+
+if TYPE_CHECKING:
+    import torch
 
 #: MLPerf Storage's 3D U-Net: batch and emulated step times (mlcommons/storage, unet3d_h100.yaml / unet3d_a100.yaml).
 BATCH = 7
@@ -54,7 +58,7 @@ def generate(folder: Path, samples: int, shape: tuple[int, ...]) -> None:
     (folder / "labels.csv").write_text("id,label\n" + "".join(f"case_{i:05d},{i % 2}\n" for i in range(samples)))
 
 
-def epoch(loader, step_s: float | None, cpu: ProcessesCPU) -> dict:
+def epoch(loader: Iterable[tuple[torch.Tensor, Any]], step_s: float | None, cpu: ProcessesCPU) -> dict[str, Any]:
     """One epoch: bytes, wall, CPU and, with an emulated step, each step's wait for its batch."""
     c0 = cpu.seconds()
     t0 = last = time.perf_counter()
@@ -74,14 +78,14 @@ def epoch(loader, step_s: float | None, cpu: ProcessesCPU) -> dict:
             **({"step_s": step_s, "waits": [round(w, 4) for w in waits]} if step_s else {})}
 
 
-def accelerator_utilization(records: list[dict], kind: str) -> float | None:
+def accelerator_utilization(records: list[dict[str, Any]], kind: str) -> float | None:
     """AU over a kind's epochs, as MLPerf Storage counts it: step time over step time plus the
     waits for data, the kind's first step excluded (each later epoch's first wait included);
     None when there was no other step."""
-    waits = [w for r in records if r["kind"] == kind for w in r["waits"]][1:]
+    waits: list[float] = [w for r in records if r["kind"] == kind for w in r["waits"]][1:]
     if not waits:
         return None
-    step = next(r["step_s"] for r in records if r["kind"] == kind)
+    step: float = next(r["step_s"] for r in records if r["kind"] == kind)
     return step * len(waits) / (step * len(waits) + sum(waits))
 
 
@@ -97,12 +101,12 @@ class Workload:
     latency_ms: int = 0
 
 
-def run(w: Workload, emit: Callable[[dict], None]) -> list[dict]:
+def run(w: Workload, emit: Callable[[dict[str, Any]], None]) -> list[dict[str, Any]]:
     """Generate, convert onto s3rver and read ``w.epochs`` ingest epochs and as many of each
     emulated accelerator; each epoch's record goes to ``emit`` as it ends."""
     from torch.utils.data import DataLoader
 
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     work = Path(tempfile.mkdtemp(prefix="trainfeed-mlperf-"))
     try:
         generate(work / "src", w.samples, w.shape)
@@ -142,7 +146,7 @@ def _sig(x: float) -> float:
     return float(f"{x:.4g}")
 
 
-def summary(records: list[dict]) -> dict:
+def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The steady-state ingest rate (the first epoch left out when there are more) and, per
     accelerator, the GB/s one takes at 90% AU, how many the ingest rate feeds, the vCPUs of this
     machine each takes, and the AU measured with one emulated here."""
@@ -150,7 +154,7 @@ def summary(records: list[dict]) -> dict:
     gb_s = float(np.median([r["bytes"] / r["seconds"] for r in ingest])) / 1e9
     cpu = float(np.median([r["cpu_s_per_gb"] for r in ingest]))
     sample_gb = records[0]["bytes"] / records[0]["steps"] / BATCH / 1e9
-    out: dict = {"kind": "summary", "ingest_gb_per_s": _sig(gb_s), "cpu_s_per_gb": round(cpu, 3)}
+    out: dict[str, Any] = {"kind": "summary", "ingest_gb_per_s": _sig(gb_s), "cpu_s_per_gb": round(cpu, 3)}
     for kind, step in STEP_S.items():
         need = BATCH * sample_gb / step * AU_TARGET  # GB/s one accelerator takes at 90% AU
         au = accelerator_utilization(records, kind)
@@ -160,7 +164,7 @@ def summary(records: list[dict]) -> dict:
     return out
 
 
-def summary_text(s: dict) -> str:
+def summary_text(s: dict[str, Any]) -> str:
     lines = [f"ingest through the DataLoader (steady state): {s['ingest_gb_per_s']:.2f} GB/s at "
              f"{s['cpu_s_per_gb']:.2f} CPU-s/GB"]
     for kind in STEP_S:

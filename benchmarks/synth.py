@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from types import EllipsisType
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -25,7 +27,7 @@ IMAGE_SIZE = (360, 480)
 SAMPLE_RANKS = (2, 3, 4)
 
 
-def region(rank: int) -> tuple:
+def region(rank: int) -> tuple[slice | EllipsisType | int, ...]:
     """The corner region the label is read from: ``[:8, :8]`` of the first two axes, of channel 0
     (the last axis) when the samples have channels (rank 3 or 4)."""
     corner = (slice(0, 8), slice(0, 8))
@@ -46,7 +48,7 @@ def make_volume(rng: np.random.Generator, shape: tuple[int, ...], signal: float 
 
 def generate_volumes(out: Path, count: int, *, shape: tuple[int, ...] = VOLUME_SHAPE, seed: int = 0,
                      labels: str = "csv", signal: float = 0.5,
-                     progress: Callable[[int], None] | None = None) -> dict:
+                     progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     """``count`` volumes (or images, of a shape of rank 2 or 3) as ``OUT/vol_NNNNNN.npy`` with
     ``OUT/labels.csv`` (labels="csv"), or in class folders ``OUT/neg/`` and ``OUT/pos/``
     (labels="folders")."""
@@ -87,11 +89,12 @@ def make_image(rng: np.random.Generator, size: tuple[int, int], cls: int, n_clas
     stripes = np.sin((xx * np.cos(angle) + yy * np.sin(angle)) * 2 * np.pi / period)
     tint = rng.uniform(0.4, 1.0, size=3).astype(np.float32)
     img = 128 + 80 * stripes[..., None] * tint + rng.normal(0, 25, size=(h, w, 3)).astype(np.float32)
-    return np.clip(img, 0, 255).astype(np.uint8)
+    pixels: np.ndarray = np.clip(img, 0, 255).astype(np.uint8)
+    return pixels
 
 
 def generate_images(out: Path, count: int, *, size: tuple[int, int] = IMAGE_SIZE, classes: int = 2,
-                    seed: int = 0, fmt: str = "jpeg", progress: Callable[[int], None] | None = None) -> dict:
+                    seed: int = 0, fmt: str = "jpeg", progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     """``count`` images in class folders ``OUT/class_K/img_NNNNNN.jpg`` (or .png)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=False)

@@ -23,6 +23,7 @@ import fcntl
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from trainfeed.converters.errors import TrainfeedError
@@ -39,7 +40,7 @@ _RENAME_EXCHANGE = 2
 _UNSUPPORTED = (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP)
 
 
-def _libc():
+def _libc() -> ctypes.CDLL | None:
     try:
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     except OSError:
@@ -127,7 +128,7 @@ class Staging:
     ``overwrite``: whether ``commit()`` may replace a trainfeed store (or an empty folder)
     found at ``dst``; without it nothing at ``dst`` is ever replaced."""
 
-    def __init__(self, dst: Path, *, overwrite: bool = False):
+    def __init__(self, dst: Path, *, overwrite: bool = False) -> None:
         self.dst = Path(dst)
         self.overwrite = overwrite
         # The staging name keeps the destination's suffix: writers may read it (``x.h5`` = one file).
@@ -172,14 +173,14 @@ class Staging:
             self._publish_new()
         remove(displaced)
 
-    def _put_back_unless_replaceable(self, displaced: Path, put_back) -> None:
+    def _put_back_unless_replaceable(self, displaced: Path, put_back: Callable[[], object]) -> None:
         """The last check before deleting: what left ``dst`` must be ours to delete."""
         found = identify(displaced)
         if found is not None and not found.replaceable:
             put_back()
             raise _refusal(self.dst, found.what)
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if not self.committed:
             remove(self.path)
 
@@ -190,7 +191,7 @@ class DestinationLock:
     when its process dies, so a killed run never blocks the next one; the file is removed
     on release (a killed run leaves it behind, unlocked, for the next run to reuse)."""
 
-    def __init__(self, dst: Path):
+    def __init__(self, dst: Path) -> None:
         self.dst = Path(dst)
         self.path = self.dst.parent / f".{self.dst.name}{_LOCK_TAG}"
         self._fd: int | None = None
@@ -219,7 +220,7 @@ class DestinationLock:
         except FileNotFoundError:
             return False
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._fd is not None:
             self.path.unlink(missing_ok=True)  # while still held: no one can be between open and flock on it
             os.close(self._fd)

@@ -5,19 +5,21 @@ import os
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from trainfeed.converters import publish
 from trainfeed.converters.commit import DestinationLock, Staging
 from trainfeed.converters.destination import check_apart, check_destination, destination_path, make_parent, write_error
 from trainfeed.converters.errors import TrainfeedError, UsageError
-from trainfeed.converters.formats import delta
+from trainfeed.converters.formats.interface import VersionedFormat
 from trainfeed.converters.formats.options import WriteOptions, WriteResult
-from trainfeed.converters.formats.registry import FORMATS, WRITABLE, check_compression
+from trainfeed.converters.formats.registry import FORMATS, WRITABLE, check_compression, versioned_format
 from trainfeed.converters.interrupt import SafeInterrupts
 from trainfeed.converters.layout import DatasetSchema, channels_warnings, check_channels
+from trainfeed.converters.option_docs import option
 from trainfeed.converters.redact import redact_json
 from trainfeed.converters.sample_stream import ProgressFn, SampleStream, source_location
 from trainfeed.converters.sources.decode import ArrayOptions, ImageOptions, Sample
@@ -35,21 +37,46 @@ REJECTS_SUFFIX = ".rejects.jsonl"
 
 @dataclass
 class ConvertConfig:
+    """A conversion: its source and destination, the options of what it writes (``write``,
+    ``image``, ``arrays``) and its own. The ``convert`` command's flags are made from these
+    declarations (converters/option_docs.py)."""
+
     src: str
     dst: str
     fmt: str
     write: WriteOptions = field(default_factory=WriteOptions)
     image: ImageOptions = field(default_factory=ImageOptions)
     arrays: ArrayOptions = field(default_factory=ArrayOptions)
-    labels_csv: str | None = None
-    classes: tuple[str, ...] | None = None  # class names in label order (else sorted)
-    folder_labels: bool = True
-    workers: int = 4
-    on_error: str = "fail"
-    verify: bool = False
-    optimize: bool = False
-    vacuum_hours: int | None = None
-    storage_options: dict[str, Any] = field(default_factory=dict)  # fsspec's: strings, and booleans
+    labels_csv: str | None = option(None, flag="labels", help="CSV with columns id,label; id is the file's path "
+                                    "relative to the source without extension (e.g. pos/vol_0001). Default: "
+                                    "labels.csv in the source when it exists (as `storage-bench run` does; the "
+                                    "summary says so), else class subfolder names when every file is in one, else "
+                                    "unlabeled.")
+    classes: tuple[str, ...] | None = option(None, help="Class names in label order (e.g. neg,pos): labels that "
+                                             "are class names (CSV or subfolders) are numbered so, not in sorted "
+                                             "order; a held-out set missing a class then gets the training set's "
+                                             "numbers. A name not listed is an error.")
+    folder_labels: bool = option(True, flag="folder-labels/--no-folder-labels", help="Take labels from the source "
+                                 "itself: its labels.csv or class subfolder names (off: neither; a labels CSV given "
+                                 "still applies).")
+    workers: int = option(0, help="Parallel readers/decoders. 0 = auto: one per CPU core for a local source, 16 for "
+                          "a remote one (reads there wait on the network).")
+    on_error: str = option("fail", help="fail: stop at the first bad file and write nothing. skip: convert the "
+                           "valid files and list the others in DST.rejects.jsonl.")
+    verify: bool = option(False, help="Re-read the whole store and compare every sample with its source before "
+                          "publishing it; exit 1 on any difference. On object storage the store is read back from "
+                          "there: a Parquet or Delta store once committed (a failed check puts the previous store "
+                          "back), an HDF5 file under a hidden name first.")
+    optimize: bool = option(False, help="delta: compact small files (OPTIMIZE) after writing.")
+    vacuum_hours: int | None = option(None, help="delta: delete files unreferenced for this many hours, 0 or more "
+                                      "(0 drops time travel to older versions, and removes the parts a killed run "
+                                      "left).")
+    storage_options: dict[str, Any] = option(factory=dict, flag="storage-option", help=(
+        "Passed to fsspec for the source, the labels and the destination (e.g. account_name, connection_string, "
+        "key, secret, endpoint_url); a Delta destination gets the same credentials in delta-rs's names. "
+        "Credentials also come from the usual environment variables. call_timeout=SECONDS is trainfeed's own: "
+        "the longest one call to a remote store (folder check, one file's read, the labels file) may take, "
+        "retries included (default 30; 0: no limit)."))
 
 
 def default_workers(src: str) -> int:
@@ -66,22 +93,22 @@ def check_config(cfg: ConvertConfig) -> None:
     if cfg.on_error not in ON_ERROR:
         raise UsageError(f"--on-error must be 'fail' or 'skip', not {cfg.on_error!r}")
     check_compression(cfg.fmt, cfg.write.compression, cfg.write.compression_level)
-    versioned = FORMATS[cfg.fmt].versioned  # a versioned table (Delta): its commits make appends atomic
+    versioned = FORMATS[cfg.fmt].versioned  # a versioned format (Delta): its commits make appends atomic
     if cfg.write.mode == "append" and not versioned:
         raise UsageError("--mode append works only with --to delta (Delta commits make appends atomic)")
     if (cfg.optimize or cfg.vacuum_hours is not None) and not versioned:
         raise UsageError("--optimize and --vacuum-hours apply to --to delta only")
     if cfg.vacuum_hours is not None and cfg.vacuum_hours < 0:
         raise UsageError(f"--vacuum-hours must be 0 or more, not {cfg.vacuum_hours}")
-    if cfg.workers < 1:
-        raise UsageError("--workers must be at least 1")
+    if cfg.workers < 0:
+        raise UsageError("--workers must be 0 (auto) or more")
     check_dtype_option(cfg.arrays.dtype, "--dtype")
     check_channels(cfg.arrays.channels)
     if cfg.image.promote_depth and cfg.image.mode != "L":
         raise UsageError("--promote-depth stores greyscale images at 16 bits: it needs --image-mode L")
 
 
-def _kind_of_labels(labeled: bool, label_map: dict | None) -> str:
+def _kind_of_labels(labeled: bool, label_map: dict[str, Any] | None) -> str:
     return "class-name labels" if label_map else "integer labels" if labeled else "no labels"
 
 
@@ -105,22 +132,23 @@ def _labels_for_append(dst: str, table: DatasetSchema, labels: Labels) -> Labels
 
 @dataclass
 class _Table:
-    """The Delta table at DST as this run found it."""
+    """The table (a versioned format's store) at DST as this run found it."""
 
+    fmt: VersionedFormat[Any, Any]
     version: int
     schema: DatasetSchema
     tensor_column: str
 
 
-def _existing_table(dst: Location) -> _Table:
+def _existing_table(fmt: VersionedFormat[Any, Any], dst: Location) -> _Table:
     try:
-        version = delta.open_table(dst).version()
-        return _Table(version, delta.read_schema(dst, version), delta.tensor_column(dst))
+        version = fmt.version(dst)
+        return _Table(fmt, version, fmt.read_schema(dst, version), fmt.tensor_column(dst))
     except ValueError as exc:
         raise TrainfeedError(f"{dst.shown}: cannot read the existing table: {exc}") from exc
 
 
-def write_rejects_report(path, rejects: list[dict]) -> str | None:
+def write_rejects_report(path: str | Path | Location, rejects: list[dict[str, Any]]) -> str | None:
     """The rejected files as JSON lines beside the store (``DST.rejects.jsonl``, on the same
     storage); a previous report is removed when nothing was rejected. Returns where it is."""
     dst = as_location(path)
@@ -140,22 +168,23 @@ def write_rejects_report(path, rejects: list[dict]) -> str | None:
     return report
 
 
-def _commit_to_table(dst: Location, version: int, schema: DatasetSchema, batches: Iterator[list[Sample]],
-                     opts: WriteOptions, check: Callable[[], dict | None], interrupts: SafeInterrupts
-                     ) -> tuple[WriteResult, dict | None]:
-    """Overwrite or append to the Delta table at ``dst`` in one commit (a killed run leaves only
+def _commit_to_table(dst: Location, table: _Table, schema: DatasetSchema, batches: Iterator[list[Sample]],
+                     opts: WriteOptions, check: Callable[[], dict[str, Any] | None], interrupts: SafeInterrupts
+                     ) -> tuple[WriteResult, dict[str, Any] | None]:
+    """Overwrite or append to the table at ``dst`` in one commit (a killed run leaves only
     unreferenced files); a failed check restores the version the run started from."""
-    result = delta.write(dst, schema, batches, opts, since_version=version, publishing=interrupts.publishing)
+    result = table.fmt.write(dst, schema, batches, opts, since_version=table.version,
+                             publishing=interrupts.publishing)
     try:
         return result, check()
     except Exception:
-        delta.restore(dst, version)
+        table.fmt.restore(dst, table.version)
         raise
 
 
 def _publish_staged(dst: Location, cfg: ConvertConfig, schema: DatasetSchema, batches: Iterator[list[Sample]],
-                    check: Callable[[Path | Location, bool], dict | None],
-                    interrupts: SafeInterrupts) -> tuple[WriteResult, dict | None]:
+                    check: Callable[[Path | Location, bool], dict[str, Any] | None],
+                    interrupts: SafeInterrupts) -> tuple[WriteResult, dict[str, Any] | None]:
     """Write a new store beside ``dst``, check it, then publish it there (see commit.Staging);
     Ctrl-C or SIGTERM until the moment of publishing publishes nothing."""
     if not dst.local:
@@ -171,19 +200,20 @@ def _publish_staged(dst: Location, cfg: ConvertConfig, schema: DatasetSchema, ba
 
 
 def _publish_remote(dst: Location, cfg: ConvertConfig, schema: DatasetSchema, batches: Iterator[list[Sample]],
-                    check: Callable[[Path | Location, bool], dict | None],
-                    interrupts: SafeInterrupts) -> tuple[WriteResult, dict | None]:
-    """A new store on object storage. Delta: parts uploaded as written, then one commit (a
-    failed check removes the new table): a versioned format commits in place. Parquet, HDF5:
+                    check: Callable[[Path | Location, bool], dict[str, Any] | None],
+                    interrupts: SafeInterrupts) -> tuple[WriteResult, dict[str, Any] | None]:
+    """A new store on object storage. A versioned format (Delta): parts uploaded as written, then
+    one commit (a failed check removes the new table): it commits in place. Parquet, HDF5:
     written to a local temporary folder
     (each part uploaded as it is complete), then published with the commit record last (see
     converters/publish.py). Ctrl-C or SIGTERM before the commit record (the Delta commit),
     uploads still pending included, publishes nothing and removes what this run uploaded."""
     overwrite = cfg.write.mode == "overwrite"
     verify = (lambda loc: check(loc, True)) if cfg.verify else None
-    fmt = FORMATS[cfg.fmt]
-    if fmt.versioned:  # its log commits it in place
-        result = delta.write(dst, schema, batches, replace(cfg.write, mode="create"), publishing=interrupts.publishing)
+    fmt, versioned = FORMATS[cfg.fmt], versioned_format(cfg.fmt)
+    if versioned is not None:  # its log commits it in place
+        result = versioned.write(dst, schema, batches, replace(cfg.write, mode="create"),
+                                 publishing=interrupts.publishing)
         ours = {record for record in (fmt.commit_record,) if record} | {f.rsplit("/", 1)[-1] for f in result.files}
         try:
             verified = verify(dst) if verify else None
@@ -202,13 +232,15 @@ def _publish_remote(dst: Location, cfg: ConvertConfig, schema: DatasetSchema, ba
 
 
 def convert(cfg: ConvertConfig, progress: ProgressFn | None = None,
-            on_listed: Callable[[int], None] | None = None) -> dict:
+            on_listed: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Convert ``cfg.src`` into a ``cfg.fmt`` store at ``cfg.dst``; returns the run summary.
 
     Nothing becomes visible at ``cfg.dst`` unless the whole store (and, with ``verify``, its
     check against the source) succeeded; an existing trainfeed store is replaced atomically,
     and nothing else ever is. One run at a time writes a destination (DestinationLock)."""
     check_config(cfg)
+    if cfg.workers == 0:
+        cfg = replace(cfg, workers=default_workers(cfg.src))
     for url in (cfg.src, cfg.dst, cfg.labels_csv):  # every URL means one place, checked before any work
         check_url(url)
     FORMATS[cfg.fmt].check_url(cfg.dst)
@@ -228,7 +260,7 @@ def convert(cfg: ConvertConfig, progress: ProgressFn | None = None,
 
 
 def _convert_to_storage(cfg: ConvertConfig, t0: float, progress: ProgressFn | None,
-                        on_listed: Callable[[int], None] | None) -> dict:
+                        on_listed: Callable[[int], None] | None) -> dict[str, Any]:
     """``convert`` to a URL. No lock file: object stores offer none that every one of them
     honours (see converters/publish.py for what concurrent writers get)."""
     dst = locate(cfg.dst, cfg.storage_options)
@@ -244,7 +276,7 @@ def _convert_to_storage(cfg: ConvertConfig, t0: float, progress: ProgressFn | No
 
 
 def _convert(cfg: ConvertConfig, dst: Location, t0: float, progress: ProgressFn | None,
-             on_listed: Callable[[int], None] | None, interrupts: SafeInterrupts) -> dict:
+             on_listed: Callable[[int], None] | None, interrupts: SafeInterrupts) -> dict[str, Any]:
     existing = check_destination(dst, cfg.write.mode)
     fs, listing = list_source(cfg.src, cfg.storage_options)
     labels = resolve_labels(listing.files, labels_csv=cfg.labels_csv, folder_labels=cfg.folder_labels,
@@ -260,14 +292,15 @@ def _convert(cfg: ConvertConfig, dst: Location, t0: float, progress: ProgressFn 
     if cfg.arrays.dtype == AUTO:  # one dtype for all, found in the headers before a sample is written
         dtype, dtypes_found = scan_dtype(fs, listing, cfg.src, cfg.workers)
         cfg = replace(cfg, arrays=replace(cfg.arrays, dtype=dtype))
-    # Delta overwrites and appends are commits to the table in place; the rest is staged.
-    table = _existing_table(dst) if FORMATS[cfg.fmt].versioned and existing == cfg.fmt else None
+    # Overwrites and appends of a versioned format (Delta) are commits to the table in place; the rest is staged.
+    versioned = versioned_format(cfg.fmt)
+    table = _existing_table(versioned, dst) if versioned is not None and existing == cfg.fmt else None
     appending = table is not None and cfg.write.mode == "append"
     if table is not None and appending:
         labels = _labels_for_append(dst.shown, table.schema, labels)
         cfg.write = replace(cfg.write, tensor_column=table.tensor_column)
     stream = SampleStream(cfg, fs, listing, labels, progress, interrupts.check,
-                     delta.live_ids(dst, table.version) if table is not None and appending else None)
+                     table.fmt.live_ids(dst, table.version) if table is not None and appending else None)
     first = stream.first()
     schema = stream.schema(labels)
     # A new store gets a new identity; a Delta table keeps its own across commits.
@@ -278,13 +311,13 @@ def _convert(cfg: ConvertConfig, dst: Location, t0: float, progress: ProgressFn 
     batches = stream.batches(first, cfg.write.rows_per_group(first.nbytes))
 
     # --verify: the written store (Path or Location) against its source
-    def check(path: Path | Location, exact: bool) -> dict | None:
+    def check(path: Path | Location, exact: bool) -> dict[str, Any] | None:
         return verify_store(path, cfg.fmt, fs=fs, listing=listing, labels=labels, image_opts=cfg.image,
                             expected_ids=stream.accepted, exact=exact, workers=cfg.workers,
                             arrays=cfg.arrays) if cfg.verify else None
 
     if table is not None:
-        result, verified = _commit_to_table(dst, table.version, schema, batches, cfg.write,
+        result, verified = _commit_to_table(dst, table, schema, batches, cfg.write,
                                             lambda: check(dst, not appending), interrupts)
     else:
         result, verified = _publish_staged(dst, cfg, schema, batches, check, interrupts)
@@ -292,12 +325,12 @@ def _convert(cfg: ConvertConfig, dst: Location, t0: float, progress: ProgressFn 
     publish.remove_leftovers(dst)  # what earlier runs left that no reader sees (trials, uncommitted blocks)
     interrupts.after_publishing(dst.shown)  # published: a signal received since ends the run here
     details = dict(result.details)
-    if cfg.optimize:
-        details["optimize"] = delta.optimize(dst, target_size=cfg.write.target_file_size, opts=cfg.write)
-    if cfg.vacuum_hours is not None:
-        details["vacuumed_files"] = len(delta.vacuum(dst, retention_hours=cfg.vacuum_hours))
-    if cfg.optimize or cfg.vacuum_hours is not None:
-        now = delta.table_result(dst)
+    if versioned is not None and cfg.optimize:
+        details["optimize"] = versioned.optimize(dst, target_size=cfg.write.target_file_size, opts=cfg.write)
+    if versioned is not None and cfg.vacuum_hours is not None:
+        details["vacuumed_files"] = len(versioned.vacuum(dst, retention_hours=cfg.vacuum_hours))
+    if versioned is not None and (cfg.optimize or cfg.vacuum_hours is not None):
+        now = versioned.table_result(dst)
         details["version"] = now.details["version"]
         result.files, result.bytes_out = now.files, now.bytes_out
     seconds = time.perf_counter() - t0

@@ -6,6 +6,7 @@ import os
 from pathlib import Path, PurePath, PurePosixPath
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
+from trainfeed.converters.formats.interface import Where
 from trainfeed.converters.formats.registry import identify
 from trainfeed.converters.storage.config import BucketNotFound, bucket_not_found
 from trainfeed.converters.storage.location import Location, as_location, is_remote, locate
@@ -18,7 +19,7 @@ def destination_path(dst: str) -> Path:
     return Path(os.path.realpath(dst.removeprefix("file://")))
 
 
-def check_apart(src: str, dst) -> None:
+def check_apart(src: str, dst: str | os.PathLike[str] | Location) -> None:
     """Usage error if SRC and DST (a local path or a Location) overlap: writing the store would
     replace or alter the files it is made from. Locations on object storage overlap when they
     are on the same storage and one path holds the other."""
@@ -47,7 +48,7 @@ def _check_apart(source: PurePath, dst: PurePath, dst_shown: str, source_shown: 
                          "write the store somewhere else")
 
 
-def check_destination(path, mode: str) -> str | None:
+def check_destination(path: Where, mode: str) -> str | None:
     """Refuse to touch what must not be touched: only a store trainfeed wrote (or an empty
     folder) is replaced, only a Delta table trainfeed wrote (or nothing) is appended to.
     ``path``: a local path or a Location. Returns the format of the trainfeed store there, if any."""

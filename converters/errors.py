@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from trainfeed.converters.redact import redact, register_environment
 
@@ -23,7 +23,7 @@ class UsageError(TrainfeedError):
 class SampleError(TrainfeedError):
     """One source file cannot become a sample: names the file and the reason."""
 
-    def __init__(self, path: str, reason: str):
+    def __init__(self, path: str, reason: str) -> None:
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason

@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any, Callable, Iterator
+from typing import Any, Self
 
 from trainfeed.converters.errors import TrainfeedError
+
+# What signal.signal returns and takes: a handler, SIG_DFL / SIG_IGN (ints), or None.
+_Handler = Callable[[int, FrameType | None], Any] | int | None
 
 
 class SignalFlag:
@@ -27,17 +31,17 @@ class SignalFlag:
     def __init__(self, signum: int) -> None:
         self.signum = signum
         self.requested = False
-        self._previous = None
+        self._previous: _Handler = None
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(self.signum, self._handle)
         return self
 
-    def _handle(self, signum, frame) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.requested = True
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._previous is not None:
             signal.signal(self.signum, self._previous)
 
@@ -46,13 +50,10 @@ class Interrupted(TrainfeedError):
     """A conversion stopped by a signal after the point where it could still publish nothing
     (its store is published and complete), or by SIGTERM (exit 143: 128 + the signal)."""
 
-    def __init__(self, message: str, signum: int):
+    def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
         self.exit_code = 128 + signum
 
-
-# What signal.signal returns and takes: a handler, SIG_DFL / SIG_IGN (ints), or None.
-_Handler = Callable[[int, FrameType | None], Any] | int | None
 
 _NAMES: dict[int, str] = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}
 
@@ -73,18 +74,18 @@ class SafeInterrupts:
         self._publishing = False
         self._previous: dict[int, _Handler] = {}
 
-    def __enter__(self) -> "SafeInterrupts":
+    def __enter__(self) -> SafeInterrupts:
         if threading.current_thread() is threading.main_thread():
             for signum in self.SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous.clear()
 
-    def _handle(self, signum, frame) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested is not None and not self._publishing:
             raise self._error(signum)  # the second one: the user insists
         if self.requested is None:

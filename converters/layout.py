@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow as pa
 
 from trainfeed.converters.errors import UsageError
+
+if TYPE_CHECKING:
+    from trainfeed.converters.sources.decode import Sample
 
 #: The layout a store is written in: 2 for a store with ragged fields (each sample its own
 #: shape, in a shape column readers before it do not know), 1 for the rest.
@@ -191,7 +194,7 @@ def is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def checked_schema(d: Any, where) -> DatasetSchema:
+def checked_schema(d: Any, where: str) -> DatasetSchema:
     """A DatasetSchema from its JSON form as found in a store (manifest, HDF5 attribute, Delta
     commit), validated; ValueError naming ``where`` otherwise."""
     problem = _schema_problem(d)
@@ -292,7 +295,7 @@ def _tensor_column(values: list[np.ndarray], spec: FieldSpec) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
 
 
-def to_record_batch(samples: list, schema: DatasetSchema, arrow: pa.Schema) -> pa.RecordBatch:
+def to_record_batch(samples: list[Sample], schema: DatasetSchema, arrow: pa.Schema) -> pa.RecordBatch:
     """Samples (see converters.sources.Sample) -> one Arrow record batch of ``arrow``'s schema."""
     columns: list[pa.Array] = [
         pa.array([s.id for s in samples], pa.string()),
@@ -300,14 +303,15 @@ def to_record_batch(samples: list, schema: DatasetSchema, arrow: pa.Schema) -> p
     ]
     for spec in schema.fields:
         vals = [s.fields[spec.name] for s in samples]
+        arrays = cast("list[np.ndarray]", vals)  # in a tensor field (encoded images alone are bytes)
         if pa.types.is_list(arrow.field(spec.name).type):
-            columns.append(_tensor_column(vals, spec))
+            columns.append(_tensor_column(arrays, spec))
         elif spec.is_raw:
-            columns.append(_binary_column([_le(v).reshape(-1).view(np.uint8) for v in vals]))
+            columns.append(_binary_column([_le(v).reshape(-1).view(np.uint8) for v in arrays]))
         else:
             columns.append(pa.array(vals, pa.binary()))
         if spec.is_ragged:
-            columns.append(pa.array([list(v.shape) for v in vals], pa.list_(pa.int64())))
+            columns.append(pa.array([list(v.shape) for v in arrays], pa.list_(pa.int64())))
     return pa.RecordBatch.from_arrays(columns, schema=arrow)
 
 
@@ -339,11 +343,12 @@ def ragged_values(flat: list[np.ndarray], shapes: list[list[int]], dtype: str) -
     return out
 
 
-def from_record_batch(batch: pa.RecordBatch | pa.Table, schema: DatasetSchema) -> list[tuple[str, int | None, dict]]:
+def from_record_batch(batch: pa.RecordBatch | pa.Table,
+                      schema: DatasetSchema) -> list[tuple[str, int | None, dict[str, Any]]]:
     """Arrow rows -> (id, label, {field: ndarray or bytes}); the inverse of to_record_batch."""
     ids = batch.column(ID).to_pylist()
     labels = batch.column(LABEL).to_pylist()
-    decoded: dict[str, list] = {}
+    decoded: dict[str, list[Any]] = {}
     for spec in schema.fields:
         col = batch.column(spec.name)
         if isinstance(col, pa.ChunkedArray):
@@ -356,14 +361,11 @@ def from_record_batch(batch: pa.RecordBatch | pa.Table, schema: DatasetSchema) -
             flat = col.flatten().to_numpy(zero_copy_only=False)
             offsets = col.offsets.to_numpy()
             first = offsets[0]
-            decoded[spec.name] = [
-                _shaped(flat[offsets[i] - first:offsets[i + 1] - first], spec) for i in range(len(col))
-            ]
+            decoded[spec.name] = [_shaped(flat[offsets[i] - first:offsets[i + 1] - first], spec)
+                                  for i in range(len(col))]
         else:
             decoded[spec.name] = col.to_pylist()
-    return [
-        (ids[i], labels[i], {name: vals[i] for name, vals in decoded.items()}) for i in range(len(ids))
-    ]
+    return [(ids[i], labels[i], {name: vals[i] for name, vals in decoded.items()}) for i in range(len(ids))]
 
 
 def ragged_column(col: pa.Array | pa.ChunkedArray, shapes: pa.Array | pa.ChunkedArray, spec: FieldSpec) -> np.ndarray:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Iterator, TextIO
+from typing import TextIO
 
 from rich.console import Console
 from rich.progress import (
@@ -21,6 +21,7 @@ from rich.progress import (
     MofNCompleteColumn,
     Progress,
     ProgressColumn,
+    Task,
     TaskID,
     TextColumn,
     TimeRemainingColumn,
@@ -31,14 +32,14 @@ from rich.text import Text
 class _Rate(ProgressColumn):
     """MB/s of the bytes reported in the task's ``bytes`` field."""
 
-    def render(self, task) -> Text:
+    def render(self, task: Task) -> Text:
         elapsed = task.elapsed or 0
         rate = task.fields.get("bytes", 0) / elapsed / 1e6 if elapsed > 0 else 0.0
         return Text(f"{rate:,.1f} MB/s", style="cyan")
 
 
 class Bar:
-    def __init__(self, progress: Progress | None, label: str):
+    def __init__(self, progress: Progress | None, label: str) -> None:
         self._progress = progress
         self._label = label
         self._task: TaskID | None = None
@@ -84,7 +85,7 @@ HEARTBEAT_S = 60.0
 
 def fmt_duration(seconds: float) -> str:
     """``"14 s"``, ``"2 min 05 s"``, ``"1.2 h"``."""
-    s = max(int(round(seconds)), 0)
+    s = max(round(seconds), 0)
     if s < 60:
         return f"{s} s"
     if s < 3600:

@@ -23,22 +23,24 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from contextlib import AbstractContextManager, nullcontext, suppress
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 from trainfeed.converters.errors import TrainfeedError
-from trainfeed.converters.formats.registry import COMMIT_RECORDS, PART, RUN_PART, identify
+from trainfeed.converters.formats import registry
+from trainfeed.converters.formats.registry import identify
 from trainfeed.converters.layout import MANIFEST
-from trainfeed.converters.storage.config import AZURE, object_store_options
+from trainfeed.converters.storage.clouds import cloud_for, urlscheme
 from trainfeed.converters.storage.location import Location
 from trainfeed.converters.storage.upload import Uploader
 
-Check = Callable[[Location], "dict | None"]
+Check = Callable[[Location], "dict[str, Any] | None"]
 #: The publishing step (``SafeInterrupts.publishing``): checks for Ctrl-C / SIGTERM first, then
 #: lets the one request that publishes complete.
-Publishing = Callable[[], AbstractContextManager]
+Publishing = Callable[[], AbstractContextManager[object]]
 
 
 def uploader(dst: Location, staged: Path) -> Uploader:
@@ -48,7 +50,7 @@ def uploader(dst: Location, staged: Path) -> Uploader:
 
 
 def publish(staged: Path, dst: Location, overwrite: bool, verify: Check | None, parts: Uploader,
-            publishing: Publishing = nullcontext) -> tuple[list[str], dict | None]:
+            publishing: Publishing = nullcontext) -> tuple[list[str], dict[str, Any] | None]:
     """Publish the store written at ``staged`` (a folder store's parts uploaded by ``parts``)
     at ``dst``; returns (data file URLs, what ``verify`` said). ``publishing()`` wraps the one
     request that publishes, after every upload has finished: a Ctrl-C that arrived while the
@@ -85,7 +87,7 @@ def _recheck(dst: Location, overwrite: bool, ours: AbstractSet[str] = frozenset(
 
 
 def _publish_folder(staged: Path, dst: Location, overwrite: bool, verify: Check | None, renamed: dict[str, str],
-                    publishing: Publishing = nullcontext) -> tuple[list[str], dict | None]:
+                    publishing: Publishing = nullcontext) -> tuple[list[str], dict[str, Any] | None]:
     manifest = json.loads((staged / MANIFEST).read_text())
     manifest["parts"] = [{**p, "file": renamed[p["file"]]} for p in manifest["parts"]]
     new = list(renamed.values())
@@ -110,8 +112,8 @@ def _publish_folder(staged: Path, dst: Location, overwrite: bool, verify: Check 
 
 
 def _publish_file(staged: Path, dst: Location, overwrite: bool, verify: Check | None,
-                  publishing: Publishing = nullcontext) -> tuple[list[str], dict | None]:
-    verified = None
+                  publishing: Publishing = nullcontext) -> tuple[list[str], dict[str, Any] | None]:
+    verified: dict[str, Any] | None = None
     if verify is not None:
         hidden = f"{TRIAL}{uuid.uuid4().hex[:8]}"
         trial = Location(dst.url + hidden, dst.fs, dst.path + hidden, dst.storage_options)
@@ -147,7 +149,7 @@ def remove_stale(dst: Location, keep: set[str]) -> None:
     """In a folder that is trainfeed's, delete the data files, manifest and Delta log that the
     store now at ``dst`` does not use (the replaced generation or layout, a killed run's
     leftovers); ``keep``: the names it uses. Only names trainfeed writes are touched."""
-    remove(dst, [n for n in _names(dst) - keep if PART.fullmatch(n) or n in COMMIT_RECORDS])
+    remove(dst, [n for n in _names(dst) - keep if registry.PART.fullmatch(n) or n in registry.COMMIT_RECORDS])
 
 
 #: An HDF5 file's ``--verify`` trial copy: ``DST.trainfeed-tmp-<run>``, beside DST.
@@ -172,39 +174,17 @@ def remove_leftovers(dst: Location) -> None:
         _remove_uncommitted_blobs(dst, trial)
 
 
-def _remove_uncommitted_blobs(dst: Location, trial: re.Pattern) -> None:
-    """Azure keeps a killed block upload's blocks, uncommitted, under the blob's name (listed
-    only with ``include=uncommittedblobs``, collected after 7 days). The native client cannot
-    list them; Azure's SDK, a dependency already, can, with the account key or SAS token given
-    (other credentials: left to Azure's collection). A blob being uploaded right now by
-    another run to this destination loses its blocks, and that run fails, publishing nothing."""
-    if getattr(dst.fs, "scheme", None) not in AZURE or "/" not in dst.path:
+def _remove_uncommitted_blobs(dst: Location, trial: re.Pattern[str]) -> None:
+    """What a killed upload left under DST that no listing shows (Azure's uncommitted blocks:
+    the cloud's ``remove_uncommitted``), for the names of its run-tagged parts and trials only."""
+    cloud = cloud_for(urlscheme(dst.url))
+    if cloud is None or "/" not in dst.path:
         return
-    from azure.core.exceptions import ResourceNotFoundError
-    from azure.storage.blob import ContainerClient
+    prefix = dst.path.split("/", 1)[1]
 
-    opts = object_store_options("abfs", dst.storage_options)
-    account = opts.get("account_name") or opts.get("azure_storage_account_name")
-    key = opts.get("account_key") or opts.get("azure_storage_account_key")
-    sas = opts.get("sas_token") or opts.get("azure_storage_sas_token")
-    endpoint = opts.get("endpoint") or opts.get("azure_storage_endpoint") or \
-        (f"https://{account}.blob.core.windows.net" if account else None)
-    # an account key signs only with the account's name
-    credential: dict[str, str] | str | None = {"account_name": account, "account_key": key} if key and account else sas
-    if not endpoint or not credential:
-        return
-    container, prefix = dst.path.split("/", 1)
-    client = ContainerClient(endpoint, container, credential=credential)
-    committed = set(dst.fs.find(dst.path)) | set(dst.fs.ls(dst.path.rsplit("/", 1)[0], detail=False))
-    for blob in client.list_blobs(name_starts_with=prefix, include=["uncommittedblobs"]):
-        rest = blob.name[len(prefix):]
-        ours = (rest.startswith("/") and RUN_PART.fullmatch(rest[1:])) or trial.fullmatch(blob.name.rsplit("/", 1)[-1])
-        if not ours or f"{container}/{blob.name}" in committed:
-            continue
-        blob_client = client.get_blob_client(blob.name)
-        try:
-            blob_client.delete_blob()
-        except ResourceNotFoundError:  # only uncommitted blocks: commit none (an empty blob), then delete it
-            blob_client.commit_block_list([])
-            blob_client.delete_blob()
+    def ours(name: str) -> bool:
+        rest = name[len(prefix):]
+        left_by_a_run = rest.startswith("/") and registry.RUN_PART.fullmatch(rest[1:])
+        return bool(left_by_a_run or trial.fullmatch(name.rsplit("/", 1)[-1]))
 
+    cloud.remove_uncommitted(dst, ours)

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import threading
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 MASK = "***"
@@ -26,14 +27,12 @@ SECRET_NAME_WORDS = ("key", "sig", "sas", "pwd")
 #: Names that contain a secret-looking part but hold no secret (s3fs's `key` is the access key id).
 _NOT_SECRET_NAMES = {"key", "key_id", "access_key_id", "aws_access_key_id", "account_name", "anon", "use_ssl"}
 
-#: Environment variables whose values are credentials.
-SECRET_ENV = (
-    "AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_KEY", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_TOKEN",
-    "AZURE_CLIENT_SECRET", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "GOOGLE_APPLICATION_CREDENTIALS_JSON",
-    "DATABRICKS_TOKEN",
-)
+#: Environment variables whose values are credentials, besides each cloud's (its
+#: ``secret_environment``, added by ``register_secret_environment`` when it is registered).
+SECRET_ENV = ("DATABRICKS_TOKEN",)
 
 _known: set[str] = set()
+_secret_env: set[str] = set(SECRET_ENV)
 _lock = threading.Lock()
 
 # scheme://user:password@host -> scheme://host ; any ?query on a URL -> ?***
@@ -63,20 +62,32 @@ def register_secret(value: Any) -> None:
                     _known.add(m.group(2))
 
 
-def register_storage_options(options: dict[str, Any] | None) -> None:
+def register_storage_options(options: Mapping[str, Any] | None) -> None:
     """Register the secret values of fsspec / delta-rs storage options."""
     for key, value in (options or {}).items():
         if is_secret_name(str(key)):
             register_secret(value)
 
 
+def register_secret_environment(names: Iterable[str]) -> None:
+    """Treat these environment variables as credentials: their values are masked from now on,
+    and again whenever ``register_environment`` reads the environment."""
+    names = tuple(names)
+    with _lock:
+        _secret_env.update(names)
+    for name in names:
+        register_secret(os.environ.get(name))
+
+
 def register_environment() -> None:
-    for name in SECRET_ENV:
-        if os.environ.get(name):
-            register_secret(os.environ[name])
+    """Register the values of every credential variable in the environment now."""
+    with _lock:
+        names = sorted(_secret_env)
+    for name in names:
+        register_secret(os.environ.get(name))
 
 
-def _mask_query(m: re.Match) -> str:
+def _mask_query(m: re.Match[str]) -> str:
     """``url?query`` -> ``url?***``, keeping punctuation that ends the sentence (``url?q: msg``)."""
     tail = len(m.group(0)) - len(m.group(0).rstrip(":,.;)"))
     return f"{m.group(1)}?{MASK}{m.group(0)[len(m.group(0)) - tail:] if tail else ''}"
@@ -132,6 +143,6 @@ def redact_obj(obj: Any) -> Any:
     return obj
 
 
-def redact_json(obj: Any, **kwargs) -> str:
+def redact_json(obj: Any, **kwargs: Any) -> str:
     """``json.dumps`` of ``obj`` after redaction."""
     return json.dumps(redact_obj(obj), **kwargs)

@@ -3,16 +3,20 @@ collected (or the first one raised), the bytes and files counted for the summary
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from trainfeed.converters.errors import SampleError, TrainfeedError
 from trainfeed.converters.layout import DatasetSchema
 from trainfeed.converters.redact import redact_url
 from trainfeed.converters.sources.decode import Sample
 from trainfeed.converters.sources.labels import Labels
+from trainfeed.converters.sources.listing import Listing
 from trainfeed.converters.sources.samples import SchemaGuard, load_sample, ordered_map
 
 if TYPE_CHECKING:
+    import fsspec
+
     from trainfeed.converters.convert import ConvertConfig
 
 ProgressFn = Callable[[int, int], None]  # (files done, bytes read so far)
@@ -21,14 +25,15 @@ ProgressFn = Callable[[int, int], None]  # (files done, bytes read so far)
 class SampleStream:
     """Validated samples in batches; collects rejects and counts bytes as the writer pulls."""
 
-    def __init__(self, cfg: ConvertConfig, fs, listing, labels: Labels, progress: ProgressFn | None,
-                 check_interrupt: Callable[[], None], existing_ids: set[str] | None = None):
+    def __init__(self, cfg: ConvertConfig, fs: fsspec.AbstractFileSystem, listing: Listing, labels: Labels,
+                 progress: ProgressFn | None, check_interrupt: Callable[[], None],
+                 existing_ids: set[str] | None = None) -> None:
         self.cfg, self.fs, self.listing, self.labels = cfg, fs, listing, labels
         self.progress = progress
         self.check_interrupt = check_interrupt
         self.existing_ids = existing_ids or set()
         self.guard = SchemaGuard(listing.kind, cfg.image, arrays=cfg.arrays)
-        self.rejects: list[dict] = []
+        self.rejects: list[dict[str, str]] = []  # file, id, reason
         self.accepted: list[str] = []
         self.files_done = self.bytes_in = self.payload_bytes = self.depth_changed = 0
         self._samples = self._validated()

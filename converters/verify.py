@@ -1,12 +1,15 @@
 """Re-read a written store and compare every sample, bit for bit, with its source file."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from itertools import islice
-from typing import Iterator
+from typing import TypeVar
 
+import fsspec
 import numpy as np
 
 from trainfeed.converters.errors import VerifyError
+from trainfeed.converters.formats.interface import Where
 from trainfeed.converters.formats.registry import FORMATS
 from trainfeed.converters.sources.decode import (
     IMAGE_FIELD,
@@ -21,9 +24,10 @@ from trainfeed.converters.sources.listing import IMAGE, Listing, SourceFile, rea
 from trainfeed.converters.sources.samples import load_sample, ordered_map
 
 _MAX_REPORTED = 5
+T = TypeVar("T")
 
 
-def same_value(a, b) -> bool:
+def same_value(a: np.ndarray | bytes, b: np.ndarray | bytes) -> bool:
     """Exact equality: same dtype, shape and bytes for arrays (NaN payloads included)."""
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         a, b = np.asarray(a), np.asarray(b)
@@ -31,7 +35,8 @@ def same_value(a, b) -> bool:
     return bytes(a) == bytes(b)
 
 
-def reference_sample(fs, kind: str, src: SourceFile, labels: Labels, image_opts: ImageOptions,
+def reference_sample(fs: fsspec.AbstractFileSystem, kind: str, src: SourceFile, labels: Labels,
+                     image_opts: ImageOptions,
                      arrays: ArrayOptions = ArrayOptions()) -> Sample:
     """The sample the store must hold for ``src``, read again from the source (arrays in the
     ``--dtype`` they were stored in). Images stored decoded and not resized are compared with the
@@ -49,14 +54,15 @@ def reference_sample(fs, kind: str, src: SourceFile, labels: Labels, image_opts:
     return Sample(src.id, labels.get(src.id), {IMAGE_FIELD: pixels}, len(data))
 
 
-def _chunks(it: Iterator, n: int) -> Iterator[list]:
+def _chunks(it: Iterator[T], n: int) -> Iterator[list[T]]:
     while chunk := list(islice(it, n)):
         yield chunk
 
 
-def verify_store(path, fmt: str, *, fs, listing: Listing, labels: Labels, image_opts: ImageOptions,
+def verify_store(path: Where, fmt: str, *, fs: fsspec.AbstractFileSystem, listing: Listing, labels: Labels,
+                 image_opts: ImageOptions,
                  expected_ids: list[str], exact: bool = True, workers: int = 4,
-                 arrays: ArrayOptions = ArrayOptions()) -> dict:
+                 arrays: ArrayOptions = ArrayOptions()) -> dict[str, int]:
     """Raise VerifyError unless every expected id is in the store exactly once with its source's
     label and values. ``exact`` also forbids other rows (False for Delta appends)."""
     by_id = {f.id: f for f in listing.files}

@@ -13,13 +13,17 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.option_docs import add_option
 from trainfeed.converters.redact import redact
 from trainfeed.pipelines.entry import run_job
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    from trainfeed.benchmarks.ab.config import MatrixConfig, ReportConfig
+
     ap = argparse.ArgumentParser(prog="trainfeed.pipelines.benchmark", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -27,47 +31,45 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     run.add_argument("--src", required=True, help="folder of small files (the blob layout)")
     run.add_argument("--out", required=True, help="results root (a Unity Catalog volume or DBFS path on Databricks)")
     run.add_argument("--label", required=True, help="name of this node's results folder, e.g. cpu-node")
-    run.add_argument("--labels", default=None, help="labels CSV")
-    run.add_argument("--nodes", default="cpu", help="cpu, cuda, or emulated profiles (t4, h100, ...)")
-    run.add_argument("--stores", default="blob,delta")
-    run.add_argument("--frameworks", default="torch")
-    run.add_argument("--steps", type=int, default=30)
-    run.add_argument("--cpu-steps", type=int, default=4)
-    run.add_argument("--batch-size", type=int, default=32)
-    run.add_argument("--width", type=int, default=64)
-    run.add_argument("--workers", type=int, default=8)
-    run.add_argument("--storage-profile", default="none", help="latency emulation around every store; none on a "
-                     "real cloud (latency is real there)")
+    for name in ("labels_csv", "frameworks", "steps", "cpu_steps", "batch_size", "width"):
+        add_option(run, MatrixConfig, name)
+    # a job on a cluster node: that node, the stores that answer the question, more reader
+    # threads (a cloud's latency is real there, so no emulation)
+    add_option(run, MatrixConfig, "nodes", default="cpu")
+    add_option(run, MatrixConfig, "stores", default="blob,delta")
+    add_option(run, MatrixConfig, "workers", default=8)
+    add_option(run, MatrixConfig, "storage_profile", default="none")
     merge = sub.add_parser("merge", help="merge several runs into one report")
     merge.add_argument("--out", required=True)
     merge.add_argument("--inputs", required=True, help="comma-separated labels of the runs under OUT")
-    merge.add_argument("--target-samples", type=int, default=650_000)
-    merge.add_argument("--target-epochs", type=int, default=5)
+    add_option(merge, ReportConfig, "target_samples")
+    add_option(merge, ReportConfig, "target_epochs")
     return ap.parse_args(argv)
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     from trainfeed.benchmarks.ab.config import MatrixConfig
     from trainfeed.benchmarks.ab.matrix import run_matrix
 
-    def csv(text):
+    def csv(text: str) -> tuple[str, ...]:
         return tuple(x for x in text.split(",") if x)
 
     out = Path(args.out) / args.label
-    cfg = MatrixConfig(src=args.src, out=str(out), labels_csv=args.labels, stores=csv(args.stores),
+    cfg = MatrixConfig(src=args.src, out=str(out), labels_csv=args.labels_csv, stores=csv(args.stores),
                        nodes=csv(args.nodes), frameworks=csv(args.frameworks), steps=args.steps,
                        cpu_steps=args.cpu_steps, batch_size=args.batch_size, width=args.width, workers=args.workers,
                        storage_profile=None if args.storage_profile == "none" else args.storage_profile)
     records = run_matrix(cfg, log=lambda m: print(redact(m), file=sys.stderr))
-    summary = {"results": str(out / "results.jsonl"), "cells": sum(r["kind"] == "cell" for r in records),
-               "errors": sum(r["kind"] == "error" for r in records)}
+    summary: dict[str, Any] = {"results": str(out / "results.jsonl"),
+                               "cells": sum(r["kind"] == "cell" for r in records),
+                               "errors": sum(r["kind"] == "error" for r in records)}
     if summary["errors"] and not summary["cells"]:
         raise TrainfeedError(f"{summary['results']}: no cell was measured: all {summary['errors']} failed "
                              "(the reasons are in the results file)")
     return summary
 
 
-def merge(args: argparse.Namespace) -> dict:
+def merge(args: argparse.Namespace) -> dict[str, Any]:
     from trainfeed.benchmarks.report import report
 
     out = Path(args.out)

@@ -7,13 +7,15 @@ and raised as SystemExit with the error contract's code (1 data/runtime, 2 usage
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
+import trainfeed.converters.storage  # noqa: F401  the clouds: their credential variables are redacted
 from trainfeed.converters.errors import TrainfeedError
 from trainfeed.converters.redact import redact, redact_json, register_environment
 
 
-def run_job(body: Callable[[], dict], render: Callable[[dict], str] | None = None) -> int:
+def run_job(body: Callable[[], dict[str, Any]], render: Callable[[dict[str, Any]], str] | None = None) -> int:
     """Run ``body``; print its result (JSON unless ``render`` says otherwise) and return 0, or
     print the error and raise ``SystemExit(code)``."""
     register_environment()  # credentials from the environment never appear in what is printed

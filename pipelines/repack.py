@@ -21,17 +21,20 @@ import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
 from trainfeed.converters.commit import DestinationLock, Staging
-from trainfeed.converters.convert import write_rejects_report
+from trainfeed.converters.convert import ON_ERROR, ConvertConfig, write_rejects_report
 from trainfeed.converters.destination import check_apart, check_destination, destination_path
 from trainfeed.converters.errors import SampleError, TrainfeedError, UsageError
-from trainfeed.converters.formats import delta
 from trainfeed.converters.formats.manifest import WRITER, write_manifest
 from trainfeed.converters.formats.options import WriteOptions, parse_size
+from trainfeed.converters.formats.parquet import PARQUET
+from trainfeed.converters.formats.registry import logged_table_format, table_formats, versioned_format
 from trainfeed.converters.layout import CHANNELS, DatasetSchema, arrow_schema
+from trainfeed.converters.option_docs import add_option
 from trainfeed.converters.redact import redact
 from trainfeed.converters.sample_stream import source_location
 from trainfeed.converters.sources.decode import ArrayOptions, ImageOptions, Sample
@@ -63,32 +66,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--table-location", default=None, help="with --table: an external table at this URL")
     ap.add_argument("--work-dir", default=None, help="with --table: a folder every node reads and writes (a volume "
                     "path) for the intermediate Parquet parts (in a subfolder removed afterwards)")
-    ap.add_argument("--to", choices=("parquet", "delta"), required=True, help="the store's format")
-    ap.add_argument("--labels", default=None, help="labels CSV (id,label); else SRC/labels.csv when there is one (as "
-                    "convert), else class subfolders, else none")
-    ap.add_argument("--classes", default=None, help="class names in label order, joined by commas (as convert)")
-    ap.add_argument("--ragged", action="store_true", help="arrays: each sample in its own shape (as convert)")
-    ap.add_argument("--dtype", default=None, choices=DTYPE_CHOICES, metavar="DTYPE",
-                    help="arrays: one dtype where no value changes, or auto: found in the .npy headers, "
-                    "read on the driver (as convert)")
-    ap.add_argument("--channels", default=None, choices=CHANNELS, help="arrays: the channel axis (as convert)")
-    ap.add_argument("--on-error", choices=("fail", "skip"), default="fail",
-                    help="fail: any bad file fails the job and nothing is written; skip: write the rest and "
-                         "list the bad files in DST.rejects.jsonl (default: %(default)s)")
-    ap.add_argument("--target-file-size", default="128MB",
-                    help="source bytes per Spark task, one Parquet file each (default: %(default)s)")
-    ap.add_argument("--row-group-size", default="32MB", help="bytes per Parquet row group (default: %(default)s)")
-    ap.add_argument("--compression", default="none", choices=("none", "snappy", "zstd", "lz4", "gzip"),
-                    help="Parquet compression (default: %(default)s: float tensors barely compress)")
-    ap.add_argument("--tensor-column", default="binary", choices=("binary", "list"),
-                    help="tensors as raw bytes or as lists of numbers (default: %(default)s)")
+    ap.add_argument("--to", choices=table_formats(writable=True), required=True, help="the store's format")
+    add_option(ap, ConvertConfig, "labels_csv")
+    add_option(ap, ConvertConfig, "classes", help_suffix=" Joined by commas.")
+    add_option(ap, ArrayOptions, "ragged")
+    add_option(ap, ArrayOptions, "dtype", choices=DTYPE_CHOICES, metavar="DTYPE",
+               help_suffix=" (auto: the headers are read on the driver.)")
+    add_option(ap, ArrayOptions, "channels", choices=CHANNELS)
+    add_option(ap, ConvertConfig, "on_error", choices=ON_ERROR)
+    add_option(ap, WriteOptions, "target_file_size", help_suffix=" (The Spark job: source bytes per task, one "
+               "Parquet file each.)")
+    add_option(ap, WriteOptions, "row_group_size")
+    add_option(ap, WriteOptions, "compression", choices=PARQUET.COMPRESSIONS)
+    add_option(ap, WriteOptions, "tensor_column", choices=("binary", "list"))
     ap.add_argument("--read-threads", type=int, default=0, help="files each task reads at once; 0 = auto: 16 "
                     "for a cloud URL, 4 for a path (a volume's reads wait on the network too)")
-    ap.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                    help="fsspec options for reading a cloud --src and --labels (e.g. account_name=..., "
-                         "account_key=...; also taken from the usual environment variables). Repeatable")
+    add_option(ap, ConvertConfig, "storage_options", action="append", default=[], metavar="KEY=VALUE",
+               dest="storage_option", help_suffix=" KEY=VALUE, once per setting.")
     ap.add_argument("--overwrite", action="store_true", help="replace the store or table if trainfeed wrote it")
-    ap.add_argument("--optimize", action="store_true", help="delta: compact the table's files (OPTIMIZE)")
+    add_option(ap, ConvertConfig, "optimize")
     ap.add_argument("--cores", default="*", help="local Spark only: local[N]")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = ap.parse_args(argv)
@@ -99,7 +95,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                      "/Volumes/...); for a table at a cloud location use --table with --table-location")
     if args.read_threads < 0:
         ap.error("--read-threads must be 0 (auto) or more")
-    if args.table and args.to != "delta":
+    if args.table and versioned_format(args.to) is None:
         ap.error("--table writes a Delta table: add --to delta")
     if args.table and not args.work_dir:
         ap.error("--table needs --work-dir: a folder every node can write (a volume path) for the parts")
@@ -112,7 +108,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.classes = parse_classes(args.classes)
     except UsageError as exc:
         ap.error(redact(str(exc)))
-    for name in ("src", "dst", "labels", "work_dir"):  # dbfs:/... read through the FUSE mount
+    for name in ("src", "dst", "labels_csv", "work_dir"):  # dbfs:/... read through the FUSE mount
         if getattr(args, name):
             setattr(args, name, fuse_path(getattr(args, name)))
     if args.work_dir:
@@ -132,13 +128,13 @@ class _Staged:
     folder: Path
     schema: DatasetSchema
     arrow: pa.Schema
-    parts: list[dict]  # {"file", "rows"}, in id order
-    rejects: list[dict]
+    parts: list[dict[str, Any]]  # {"file", "rows"}, in id order
+    rejects: list[dict[str, Any]]
     files_in: int
     tasks: int
 
 
-def repack(args: argparse.Namespace, spark=None) -> dict:
+def repack(args: argparse.Namespace, spark: Any = None) -> dict[str, Any]:
     """The Spark job, under the same destination rules as ``convert``: SRC and DST apart, one
     writer at a time, only a store (or table) trainfeed wrote, or an empty folder, replaced."""
     if args.table:
@@ -152,30 +148,29 @@ def repack(args: argparse.Namespace, spark=None) -> dict:
     with DestinationLock(dst):
         found = check_destination(dst, "overwrite" if args.overwrite else "create")
         spark = spark or get_spark("trainfeed-repack", cores=args.cores, java_options=SCHEDULER_JVM)
-        if on_databricks() and args.to == "delta":
+        if on_databricks() and versioned_format(args.to) is not None:
             return _repack_to_delta_path(args, dst, found, spark)
         return _repack_to_folder(args, dst, spark)
 
 
-def _repack_to_folder(args: argparse.Namespace, dst: Path, spark) -> dict:
-    """Parts staged beside DST, made a store there (a manifest, or delta-rs's first commit),
-    published in one rename."""
+def _repack_to_folder(args: argparse.Namespace, dst: Path, spark: Any) -> dict[str, Any]:
+    """Parts staged beside DST, made a store (a manifest, or a versioned format's first commit), then renamed."""
+    versioned = versioned_format(args.to)
     with Staging(dst, overwrite=args.overwrite) as staging:
         staged = _stage(args, staging.path, spark)
         staged.schema.samples = sum(p["rows"] for p in staged.parts)
-        if args.to == "parquet":
+        if versioned is None:
             write_manifest(staging.path, args.to, staged.schema, staged.parts, writer=f"{WRITER} (spark)")
         else:
-            delta.create_table(staging.path, [delta.describe_part(staging.path, p["file"]) for p in staged.parts],
-                               staged.schema, args.tensor_column)
+            versioned.create_table(staging.path, [p["file"] for p in staged.parts], staged.schema, args.tensor_column)
         staging.commit()
-    if args.to == "delta" and args.optimize:
-        delta.optimize(dst, target_size=args.target_file_size,
-                       opts=WriteOptions(row_group_size=args.row_group_size, compression=args.compression))
+    if versioned is not None and args.optimize:
+        versioned.optimize(dst, target_size=args.target_file_size,
+                           opts=WriteOptions(row_group_size=args.row_group_size, compression=args.compression))
     return _summary(args, str(dst), staged, spark, write_rejects_report(dst, staged.rejects))
 
 
-def _repack_to_delta_path(args: argparse.Namespace, dst: Path, found: str | None, spark) -> dict:
+def _repack_to_delta_path(args: argparse.Namespace, dst: Path, found: str | None, spark: Any) -> dict[str, Any]:
     """Databricks: delta-spark writes the staged parts as the Delta table at DST, replacing a
     trainfeed Delta table there with Delta's own atomic overwrite (a new version)."""
     if found not in (None, args.to):
@@ -186,11 +181,11 @@ def _repack_to_delta_path(args: argparse.Namespace, dst: Path, found: str | None
         target = DeltaTarget(path=spark_path(str(dst)))
         _write_delta_spark(spark, _parts_frame(spark, staged), target, delta_options(staged.schema, args),
                            overwrite=found is not None, optimize=args.optimize)
-    staged.schema.samples = delta.read_schema(dst).samples  # and trainfeed reads it
+    staged.schema.samples = logged_table_format().read_schema(dst).samples  # and trainfeed reads it
     return _summary(args, str(dst), staged, spark, write_rejects_report(dst, staged.rejects))
 
 
-def _repack_to_table(args: argparse.Namespace, spark) -> dict:
+def _repack_to_table(args: argparse.Namespace, spark: Any) -> dict[str, Any]:
     """Databricks: delta-spark writes the staged parts as a Unity Catalog table (``saveAsTable``),
     replacing only a table trainfeed wrote."""
     name = quoted_table(args.table)
@@ -210,13 +205,13 @@ def _repack_to_table(args: argparse.Namespace, spark) -> dict:
     return summary
 
 
-def _summary(args: argparse.Namespace, output: str, staged: _Staged, spark, report: str | None) -> dict:
+def _summary(args: argparse.Namespace, output: str, staged: _Staged, spark: Any, report: str | None) -> dict[str, Any]:
     return {"format": args.to, "output": output, "samples": staged.schema.samples, "rejected": len(staged.rejects),
             "rejects_report": report, "files_in": staged.files_in, "partitions": staged.tasks,
             "engine": "spark", "spark_master": spark.sparkContext.master}
 
 
-def _first_sample(args: argparse.Namespace, fs, listing: Listing, labels: Labels, arrays: ArrayOptions
+def _first_sample(args: argparse.Namespace, fs: Any, listing: Listing, labels: Labels, arrays: ArrayOptions
                   ) -> tuple[Sample, SchemaGuard]:
     """The first valid sample, which fixes the store's fields as in convert, and the guard
     that holds every other sample to them."""
@@ -233,11 +228,11 @@ def _first_sample(args: argparse.Namespace, fs, listing: Listing, labels: Labels
     raise TrainfeedError(f"{args.src}: no valid samples ({len(reasons)} rejected: {'; '.join(reasons[:3])})")
 
 
-def _stage(args: argparse.Namespace, folder: Path, spark) -> _Staged:
+def _stage(args: argparse.Namespace, folder: Path, spark: Any) -> _Staged:
     """List, plan, and have the executors write every task's part into ``folder``. Raises
     (nothing published) on a reject under --on-error fail."""
     fs, listing = list_source(args.src, args.storage_options)
-    labels_csv = args.labels or labels_in_source(args.src, args.storage_options)
+    labels_csv = args.labels_csv or labels_in_source(args.src, args.storage_options)
     labels = resolve_labels(listing.files, labels_csv=labels_csv, storage_options=args.storage_options,
                             classes=args.classes)
     if labels.missing and args.on_error == "fail":
@@ -288,7 +283,7 @@ def task_bytes(files: list[SourceFile], target_file_size: int, cores: int) -> in
 _TASK_ERROR = re.compile(r"trainfeed\.converters\.errors\.\w+: (.+)")
 
 
-def _collect(rdd) -> list:
+def _collect(rdd: Any) -> list[Any]:
     """The tasks' results; a task that failed on trainfeed's own error (a file it could not
     read) fails the job with that message, not Spark's stack of Java and Python traces."""
     try:
@@ -300,7 +295,7 @@ def _collect(rdd) -> list:
         raise TrainfeedError(f"a Spark task failed: {found.group(1)}") from None
 
 
-def _checked_rejects(found: list[dict], on_error: str) -> list[dict]:
+def _checked_rejects(found: list[dict[str, Any]], on_error: str) -> list[dict[str, Any]]:
     """One entry per rejected file, in file order; with --on-error fail, any reject is an error
     (nothing is published)."""
     rejects = sorted(found, key=lambda r: r["file"])
@@ -311,7 +306,7 @@ def _checked_rejects(found: list[dict], on_error: str) -> list[dict]:
     return rejects
 
 
-def _parts_frame(spark, staged: _Staged):
+def _parts_frame(spark: Any, staged: _Staged) -> Any:
     """The staged parts as a DataFrame in the store's columns, with trainfeed's column metadata."""
     from pyspark.sql import functions as F
 
@@ -331,19 +326,19 @@ def quoted_table(name: str) -> str:
     return ".".join(f"`{p}`" for p in parts)
 
 
-def check_table(name: str, history: list[dict] | None, overwrite: bool) -> None:
+def check_table(name: str, history: list[dict[str, Any]] | None, overwrite: bool) -> None:
     """Refuse to replace a table unless --overwrite and trainfeed committed to it. ``history``:
     the table's Delta history rows (None: no such table; [] when it has none, e.g. not Delta)."""
     if history is None:
         return
     if not overwrite:
         raise TrainfeedError(f"table {name} already exists; pass --overwrite to replace it")
-    if not any(delta.marked_commit(row) for row in history):
+    if not any(logged_table_format().marked_commit(row) for row in history):
         raise TrainfeedError(f"table {name} was not written by trainfeed; refusing to replace it "
                              "(--overwrite replaces only a table trainfeed wrote)")
 
 
-def _table_history(spark, name: str) -> list[dict]:  # pragma: no cover - needs delta-spark
+def _table_history(spark: Any, name: str) -> list[dict[str, Any]]:  # pragma: no cover - needs delta-spark
     """The table's commits (``userMetadata`` and the rest); [] for a table without a Delta history."""
     from pyspark.errors import AnalysisException
 
@@ -357,9 +352,9 @@ def delta_options(schema: DatasetSchema, args: argparse.Namespace) -> dict[str, 
     """What the Databricks branch gives delta-spark's writer: trainfeed's commit mark (the
     commit's ``userMetadata``), the table's target file size, and the Parquet settings the
     parts were written with (delta-spark rewrites them)."""
-    return {"userMetadata": delta.user_metadata(schema), "delta.targetFileSize": str(args.target_file_size),
+    return {"userMetadata": logged_table_format().user_metadata(schema),
             "compression": "uncompressed" if args.compression == "none" else args.compression,
-            "parquet.block.size": str(args.row_group_size)}
+            "parquet.block.size": str(args.row_group_size), "delta.targetFileSize": str(args.target_file_size)}
 
 
 @dataclass(frozen=True)
@@ -374,7 +369,7 @@ class DeltaTarget:
         return self.table or f"delta.`{self.path}`"
 
 
-def _write_delta_spark(spark, df, target: DeltaTarget, options: dict[str, str], overwrite: bool,
+def _write_delta_spark(spark: Any, df: Any, target: DeltaTarget, options: dict[str, str], overwrite: bool,
                        optimize: bool) -> None:  # pragma: no cover - needs delta-spark (Databricks)
     """Databricks only: delta-spark writes ``df``, in one commit; with ``overwrite`` as a new
     version of the table (its schema may change), else only where no table is."""

@@ -9,9 +9,10 @@ CPU-seconds on a warm session, more than ``convert``'s whole job; this way the j
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any
 
 from trainfeed.converters.errors import SampleError, TrainfeedError
 from trainfeed.converters.formats.options import WriteOptions
@@ -45,7 +46,7 @@ def plan_tasks(files: list[SourceFile], target_bytes: int) -> list[list[SourceFi
 class TaskContext:
     """What every task needs, shipped once with the job (small: no file list, no labels)."""
     src: str
-    storage_options: dict
+    storage_options: dict[str, Any]
     kind: str
     schema: DatasetSchema
     specs: list[FieldSpec]  # every sample's fields, fixed by the first valid sample (``first_id``)
@@ -55,14 +56,15 @@ class TaskContext:
     sample_nbytes: int  # of the first sample: rows per row group, as convert sizes them
     on_error: str
     read_threads: int  # files read at once by a task (reads from a volume or a cloud URL wait on the network)
-    arrays: ArrayOptions = ArrayOptions()  # --ragged, --dtype (already found when auto), --channels
+    #: --ragged, --dtype (already found when auto), --channels
+    arrays: ArrayOptions = field(default_factory=ArrayOptions)
 
 
 @dataclass
 class TaskResult:
     index: int
-    parts: list[dict] = field(default_factory=list)  # {"file", "rows", "attempt"}
-    rejects: list[dict] = field(default_factory=list)  # {"file", "id", "reason"}
+    parts: list[dict[str, Any]] = field(default_factory=list)  # {"file", "rows", "attempt"}
+    rejects: list[dict[str, Any]] = field(default_factory=list)  # {"file", "id", "reason"}
 
 
 #: Each task attempt writes into STAGING/ATTEMPTS/<task>-<attempt>/: a retried task never
@@ -124,10 +126,14 @@ def run_task(ctx: TaskContext, index: int, attempt: int, files: list[SourceFile]
     return result
 
 
-def spark_task(ctx: TaskContext):
+#: What Spark hands a partition's function: (index, files, labels) per task.
+TaskRows = Iterator[tuple[int, list[SourceFile], dict[str, int] | None]]
+
+
+def spark_task(ctx: TaskContext) -> Callable[[TaskRows], Iterator[TaskResult]]:
     """The function Spark runs on each partition: one (index, files, labels) per partition."""
 
-    def run(rows: Iterator[tuple[int, list[SourceFile], dict[str, int] | None]]) -> Iterator[TaskResult]:
+    def run(rows: TaskRows) -> Iterator[TaskResult]:
         from pyspark import TaskContext as SparkTask
 
         task = SparkTask.get()

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from pyspark import RDD, StatusTracker
+    from pyspark.sql import SparkSession
+
+T = TypeVar("T")
 
 
 def on_databricks() -> bool:
@@ -11,7 +18,7 @@ def on_databricks() -> bool:
 
 
 def get_spark(app_name: str = "trainfeed", cores: int | str = "*", driver_memory: str = "2g",
-              java_options: str = ""):
+              java_options: str = "") -> SparkSession:
     """``java_options``: the local JVM's flags (ignored on Databricks, and by a session that
     already runs)."""
     from pyspark.sql import SparkSession
@@ -35,7 +42,7 @@ def get_spark(app_name: str = "trainfeed", cores: int | str = "*", driver_memory
     return builder.getOrCreate()
 
 
-def collect(rdd, *, stop_wait: float = 60.0) -> list:
+def collect(rdd: RDD[T], *, stop_wait: float = 60.0) -> list[T]:
     """``rdd.collect()``; when the job fails, its other tasks are cancelled and waited for
     (up to ``stop_wait`` s) before the error goes up, so that no task of a failed job still
     writes into a folder the caller is about to remove."""
@@ -55,10 +62,10 @@ def collect(rdd, *, stop_wait: float = 60.0) -> list:
             time.sleep(0.1)
         raise
     finally:
-        sc.setLocalProperty("spark.jobGroup.id", None)
+        sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]  # None clears it; typed str
 
 
-def _running_tasks(tracker, group: str) -> int:
+def _running_tasks(tracker: StatusTracker, group: str) -> int:
     running = 0
     for job_id in tracker.getJobIdsForGroup(group):
         job = tracker.getJobInfo(job_id)

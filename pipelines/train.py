@@ -9,37 +9,41 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
+from trainfeed.converters.formats.options import OpenOptions
+from trainfeed.converters.option_docs import add_option
 from trainfeed.pipelines.entry import run_job
-from trainfeed.training.config import TrainConfig, check
+from trainfeed.training.config import DEVICES, TrainConfig, check
+from trainfeed.training.frameworks import FRAMEWORKS, TORCH, framework
 from trainfeed.training.loops.loop import run as train_one
+from trainfeed.training.reading.store import EpochOptions
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The job's arguments: ``train``'s, made from the same declarations (converters/option_docs.py)."""
     ap = argparse.ArgumentParser(prog="trainfeed.pipelines.train", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", required=True)
-    ap.add_argument("--out", required=True)
+    add_option(ap, TrainConfig, "data", required=True)
+    add_option(ap, TrainConfig, "out", required=True)
     ap.add_argument("--processes", type=int, default=1, help="data-parallel processes (TorchDistributor)")
     ap.add_argument("--local-mode", choices=("true", "false"), default="true",
                     help="true: processes on the driver node; false: on the executors")
     ap.add_argument("--gpus-per-task", type=int, default=1,
                     help="GPUs per Spark task with --local-mode false (the cluster's spark.task.resource.gpu.amount)")
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--framework", choices=("torch", "tf"), default="torch")
-    ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--steps-per-epoch", type=int, default=None)
-    ap.add_argument("--batch-size", type=int, default=32, help="samples per step on each process")
-    ap.add_argument("--global-batch-size", type=int, default=None,
-                    help="samples per step on all processes (default: --batch-size x --processes); keep it to resume "
-                         "on another number of processes")
-    ap.add_argument("--width", type=int, default=64)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--checkpoint-dir", default=None)
-    ap.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir (a retried job run)")
-    ap.add_argument("--delta-version", type=int, default=None)
-    return ap.parse_args(argv)
+    add_option(ap, TrainConfig, "device", choices=DEVICES)
+    add_option(ap, TrainConfig, "framework", choices=tuple(FRAMEWORKS))
+    for name in ("epochs", "steps_per_epoch", "width", "checkpoint_dir", "resume"):
+        add_option(ap, TrainConfig, name)
+    for name in ("batch_size", "global_batch_size", "workers"):
+        add_option(ap, EpochOptions, name)
+    add_option(ap, OpenOptions, "version")
+    return ap
 
 
 SHARED_ROOTS = ("/Volumes/", "/dbfs/")
@@ -54,12 +58,17 @@ def check_shared(*paths: str | None) -> None:
                              "(a Unity Catalog volume, /Volumes/...)")
 
 
-def train(args: argparse.Namespace) -> dict:
-    cfg = TrainConfig(data=args.data, out=args.out, device=args.device, framework=args.framework,
-                      epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, batch_size=args.batch_size,
-                      global_batch_size=args.global_batch_size,
-                      width=args.width, workers=args.workers, checkpoint_dir=args.checkpoint_dir,
-                      delta_version=args.delta_version, resume=args.resume, progress=False)
+def config_of(args: argparse.Namespace) -> TrainConfig:
+    return TrainConfig(data=args.data, out=args.out, device=args.device, framework=args.framework,
+                      epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, width=args.width,
+                      checkpoint_dir=args.checkpoint_dir, resume=args.resume, progress=False,
+                      store=OpenOptions(version=args.version),
+                      epoch=EpochOptions(batch_size=args.batch_size, global_batch_size=args.global_batch_size,
+                                         workers=args.workers, augment=True))
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    cfg = config_of(args)
     if args.processes <= 1:
         return train_one(cfg)
     from trainfeed.pipelines.spark import get_spark, on_databricks
@@ -69,8 +78,8 @@ def train(args: argparse.Namespace) -> dict:
     if not local_mode and on_databricks():
         check_shared(cfg.out, cfg.checkpoint_dir)
     check(cfg)
-    if args.framework != "torch":
-        raise TrainfeedError("--processes > 1 is the PyTorch path (TorchDistributor)")
+    if not framework(args.framework).data_parallel:
+        raise TrainfeedError(f"--processes > 1 is the {TORCH.label} path (TorchDistributor)")
     get_spark("trainfeed-train")
     return train_distributed(cfg, args.processes, local_mode=local_mode, gpus_per_task=args.gpus_per_task)
 
@@ -81,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     return run_job(lambda: headline(train(args)))
 
 
-def headline(summary: dict) -> dict:
+def headline(summary: dict[str, Any]) -> dict[str, Any]:
     """What the job prints of summary.json (the whole file is in --out)."""
     return {k: summary.get(k) for k in ("samples_per_s", "stall_fraction", "au", "steps", "world_size")}
 

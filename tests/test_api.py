@@ -242,7 +242,7 @@ def test_the_typed_options_name_what_the_registries_hold():
     from trainfeed.converters.formats.registry import FORMATS, WRITABLE
     from trainfeed.training.reading.readers import POOLS
 
-    assert set(get_args(store.Format)) == set(FORMATS)
+    assert set(get_args(store.FormatName)) == set(FORMATS)
     assert set(get_args(conversion.WritableFormat)) == set(WRITABLE)
     assert set(get_args(store.Pool)) == set(POOLS)
 

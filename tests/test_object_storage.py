@@ -26,6 +26,7 @@ objects.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -37,9 +38,9 @@ import subprocess
 import sys
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import h5py
 import numpy as np
@@ -488,7 +489,7 @@ def test_cache_dir_serves_epochs_once_the_objects_are_gone(azure, tmp_path, kind
     with the data parts then deleted from the store, the opened store reads epoch 0 again (the
     same batches, bit for bit) and epoch 1 (every sample) from the cache."""
     from trainfeed.converters.formats.options import OpenOptions
-    from trainfeed.converters.storage.fetch import flush_cache_writes
+    from trainfeed.converters.storage.cache_writer import flush_cache_writes
     from trainfeed.training.reading.readers import EpochOptions, iter_batches, open_store
 
     src = tmp_path / "vols"
@@ -715,10 +716,8 @@ class CommitGate:
             pass
         finally:
             for s in (client, upstream):
-                try:
+                with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
     @staticmethod
     def _responses(upstream: socket.socket, client: socket.socket) -> None:
@@ -728,19 +727,15 @@ class CommitGate:
         except OSError:
             pass
         finally:
-            try:
+            with contextlib.suppress(OSError):
                 client.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
 
     def close(self) -> None:
         self._listener.close()
         with self._lock:
             for s in self._sockets:
-                try:
+                with contextlib.suppress(OSError):
                     s.close()
-                except OSError:
-                    pass
 
 
 # The commit: a PUT of the manifest (or anything named after it) or of a Delta log entry.

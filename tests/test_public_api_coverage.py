@@ -340,7 +340,7 @@ def test_the_requirements_are_what_the_api_declares():
     assert set(RESULTS) <= API.classes
     for item in ("convert.format", "convert.src", "open_store.storage_options", "Store.batches()",
                  "Store.batches.seed", "TorchDataset.batch_size", "TorchDataset.set_epoch()",
-                 "TorchDataset.epoch (read)", "tf_dataset.prefetch", "TrainConfig.data", "TrainConfig.foreign",
+                 "TorchDataset.epoch (read)", "tf_dataset.prefetch", "TrainConfig.data", "TrainConfig.store",
                  "OpenOptions.cache_dir", "EpochOptions.rank", "ForeignSchema.encoding",
                  "ConvertResult.samples (read)", "TrainResult.summary (read)", "Batch.x (read)",
                  "Batch.nbytes (read)", "Store.uri (read)",

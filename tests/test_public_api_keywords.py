@@ -200,8 +200,9 @@ def test_a_delta_table_at_a_version(data, tmp_path):
     assert (latest.version, old.version, old.samples) == (1, 0, N // 2)
     assert rows_of(latest.batches(5)) == truth_rows(data["truth"])
     assert rows_of(old.batches(5)) == truth_rows(data["truth"], sorted(data["truth"])[:N // 2])
-    run = trainfeed.train(trainfeed.TrainConfig(data=uri, fmt="delta", delta_version=0, batch_size=4, width=4,
-                                                out=str(tmp_path / "o"), progress=False))
+    run = trainfeed.train(trainfeed.TrainConfig(data=uri, fmt="delta", width=4, out=str(tmp_path / "o"),
+                                                progress=False, store=trainfeed.OpenOptions(version=0),
+                                                epoch=trainfeed.EpochOptions(batch_size=4)))
     assert run.format == "delta" and run.summary["delta_version"] == 0 and run.steps == N // 2 // 4
 
 
@@ -266,7 +267,7 @@ def test_torch_dataset_augments_as_store_batches(photos):
 def test_tf_dataset_keywords_read_what_store_batches_reads(data, photos):
     store = trainfeed.open_store(data["parquet"])
     settings = dict(batch_size=3, shuffle=True, seed=2, drop_last=True, workers=1, pool="arrow", rank=1,
-                    world_size=2, global_batch_size=6, lanes=2)
+                    world_size=2, global_batch_size=6, lanes=2, shuffle_buffer=7)
     ds = trainfeed.tf_dataset(store, epoch=1, start_batch=1, prefetch=1, augment=False, **settings)
     got = [(x.numpy().tobytes(), y.numpy().tolist()) for x, y in ds]
     want = store_batches(store.batches(epoch=1, start_batch=1, **settings))
@@ -281,7 +282,7 @@ def test_tf_dataset_keywords_read_what_store_batches_reads(data, photos):
 
 @pytest.mark.s3
 def test_object_storage_keywords(data, s3_server, tmp_path):
-    from trainfeed.converters.storage.fetch import flush_cache_writes
+    from trainfeed.converters.storage.cache_writer import flush_cache_writes
 
     options = dict(s3_server.storage_options)
     bucket = f"keywords-{uuid.uuid4().hex[:12]}"
@@ -302,11 +303,13 @@ def test_object_storage_keywords(data, s3_server, tmp_path):
     assert rows_of(tiny.batches(5)) == truth_rows(data["truth"]) and cached(tmp_path / "t") == []
     got = torch_batches(trainfeed.TorchDataset(url, storage_options=options, batch_size=5, shuffle=False))
     assert got == store_batches(store.batches(5, shuffle=False))
-    run = trainfeed.train(trainfeed.TrainConfig(data=url, storage_options=options, io_concurrency=2,
-                                                cache_dir=str(tmp_path / "r"), cache_limit=10**6, batch_size=8,
-                                                width=4, out=str(tmp_path / "o"), progress=False))
+    run = trainfeed.train(trainfeed.TrainConfig(data=url, width=4, out=str(tmp_path / "o"), progress=False,
+                                                store=trainfeed.OpenOptions(storage_options=options, io_concurrency=2,
+                                                                            cache_dir=str(tmp_path / "r"),
+                                                                            cache_limit=10**6),
+                                                epoch=trainfeed.EpochOptions(batch_size=8)))
     assert run.store == url and run.steps == N // 8
-    assert cached(tmp_path / "r") and run.summary["config"]["storage_options"] == sorted(options)
+    assert cached(tmp_path / "r") and run.summary["config"]["store"]["storage_options"] == sorted(options)
 
 
 # ------------------------------------------------------------------ train and TrainConfig
@@ -326,9 +329,10 @@ def same_weights(a: dict, b: dict) -> bool:
 def test_train_runs_as_configured_and_reports_it(data, tmp_path, capsys):
     out = tmp_path / "out"
     config = trainfeed.TrainConfig(data=data["parquet"], fmt="parquet", framework="torch", device="cpu",
-                                   batch_size=8, steps_per_epoch=2, epochs=2, workers=1, pool="arrow", seed=3,
-                                   lr=0.01, width=4, num_classes=2, out=str(out), eval_data=data["hdf5"],
-                                   warmup_steps=1, shuffle_buffer=16, augment=False, progress=True)
+                                   steps_per_epoch=2, epochs=2, lr=0.01, width=4, num_classes=2, out=str(out),
+                                   eval_data=data["hdf5"], warmup_steps=1, progress=True,
+                                   epoch=trainfeed.EpochOptions(batch_size=8, workers=1, pool="arrow", seed=3,
+                                                                shuffle_buffer=16, augment=False))
     run = trainfeed.train(config=config)
     assert isinstance(run, trainfeed.TrainResult)
     s = run.summary
@@ -343,35 +347,37 @@ def test_train_runs_as_configured_and_reports_it(data, tmp_path, capsys):
     assert 0 <= run.train_accuracy <= 1 and run.eval_accuracy == s["eval"]["accuracy"]
     assert s["eval"]["samples"] == N and s["eval"]["store"] == data["hdf5"]
     assert (s["device"], s["num_classes"], s["batch_size"]) == ("cpu", 2, 8)
-    assert s["config"]["shuffle_buffer"] == 16 and s["config"]["pool"] == "arrow"
+    assert s["config"]["epoch"]["shuffle_buffer"] == 16 and s["config"]["epoch"]["pool"] == "arrow"
     assert re.match(r"train .* 4/4 steps", capsys.readouterr().err)  # progress=True: the bar, on stderr
 
 
 def test_seed_lr_and_amp_change_the_trained_weights(data, tmp_path):
-    quick = dict(data=data["parquet"], batch_size=8, width=4, workers=1, progress=False)
+    quick = dict(data=data["parquet"], width=4, progress=False)
+    reading = trainfeed.EpochOptions(batch_size=8, workers=1)
 
     def weights(name: str, config: trainfeed.TrainConfig) -> dict:
         folder = tmp_path / name
         trainfeed.train(dataclasses.replace(config, out=str(folder / "o"), checkpoint_dir=str(folder)))
         return checkpoint_weights(folder)
 
-    base = weights("base", trainfeed.TrainConfig(**quick))
-    assert same_weights(base, weights("again", trainfeed.TrainConfig(**quick)))  # reproducible: what differs below
-    for name, config in (("seed", trainfeed.TrainConfig(**quick, seed=1)),  # is the option's doing
-                         ("lr", trainfeed.TrainConfig(**quick, lr=0.01)),
-                         ("amp", trainfeed.TrainConfig(**quick, amp=True))):
+    base = weights("base", trainfeed.TrainConfig(**quick, epoch=reading))
+    assert same_weights(base, weights("again", trainfeed.TrainConfig(**quick, epoch=reading)))  # what differs below
+    for name, config in (("seed", trainfeed.TrainConfig(**quick, epoch=dataclasses.replace(reading, seed=1))),
+                         ("lr", trainfeed.TrainConfig(**quick, epoch=reading, lr=0.01)),  # is the option's doing
+                         ("amp", trainfeed.TrainConfig(**quick, epoch=reading, amp=True))):
         assert not same_weights(base, weights(name, config)), name
 
 
 def test_checkpoint_every_and_resume_after_a_failure(data, tmp_path):
     src = tmp_path / "src"
     shutil.copytree(data["src"], src)
-    run_options = dict(data=str(src), labels_csv=str(src / "labels.csv"), batch_size=8, width=4, workers=1,
-                       shuffle_buffer=8, out=str(tmp_path / "o"), checkpoint_dir=str(tmp_path / "ck"),
-                       checkpoint_every=2, progress=False)
+    run_options = dict(data=str(src), store=trainfeed.OpenOptions(labels=str(src / "labels.csv")),
+                       epoch=trainfeed.EpochOptions(batch_size=8, workers=1, shuffle_buffer=8), width=4,
+                       out=str(tmp_path / "o"), checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=2,
+                       progress=False)
     config = trainfeed.TrainConfig(**run_options)
     # the third step's batch, as train reads it (a folder of files: the epoch read with its options)
-    store = trainfeed.open_store(config.data, options=config.open_options())
+    store = trainfeed.open_store(config.data, options=config.store)
     third = [b.ids for b in store.batches(options=config.epoch_options())][2]
     victim = src / f"{next(i for i in third if i not in ('v000', f'v{N - 1:03d}'))}.npy"
     good = victim.read_bytes()
@@ -396,28 +402,31 @@ def test_train_takes_a_field_and_a_foreign_table(data, tmp_path):
                  b=rng.standard_normal((4, 4, 2, 2)).astype("float32"))
     write_labels(src / "labels.csv", {f"p{k}": k % 2 for k in range(8)})
     trainfeed.convert(str(src), str(tmp_path / "pairs.h5"), format="hdf5")
-    run = trainfeed.train(trainfeed.TrainConfig(data=str(tmp_path / "pairs.h5"), field_name="b", batch_size=4,
-                                                width=4, out=str(tmp_path / "o"), progress=False))
+    run = trainfeed.train(trainfeed.TrainConfig(data=str(tmp_path / "pairs.h5"), width=4, out=str(tmp_path / "o"),
+                                                progress=False, store=trainfeed.OpenOptions(field="b"),
+                                                epoch=trainfeed.EpochOptions(batch_size=4)))
     assert run.summary["field"] == "b" and run.summary["sample_shape"] == [4, 4, 2, 2]
     table = tmp_path / "table.parquet"
     write_table(table, data["truth"])
     foreign = trainfeed.ForeignSchema("t", SHAPE, dtype="float64", label_column="lab", id_column="name")
-    run = trainfeed.train(trainfeed.TrainConfig(data=str(table), foreign=foreign, batch_size=8, width=4,
-                                                out=str(tmp_path / "o2"), progress=False))
+    run = trainfeed.train(trainfeed.TrainConfig(data=str(table), width=4, out=str(tmp_path / "o2"), progress=False,
+                                                store=trainfeed.OpenOptions(foreign=foreign),
+                                                epoch=trainfeed.EpochOptions(batch_size=8)))
     assert run.steps == N // 8 and run.summary["sample_shape"] == list(SHAPE)
 
 
 def test_train_decodes_images_to_image_size(photos, tmp_path):
-    run = trainfeed.train(trainfeed.TrainConfig(data=photos["parquet"], image_size=(8, 10), augment=True,
-                                                batch_size=4, width=4, out=str(tmp_path / "o"), progress=False))
+    run = trainfeed.train(trainfeed.TrainConfig(data=photos["parquet"], width=4, out=str(tmp_path / "o"),
+                                                progress=False, store=trainfeed.OpenOptions(image_size=(8, 10)),
+                                                epoch=trainfeed.EpochOptions(augment=True, batch_size=4)))
     assert run.summary["sample_shape"] == [8, 10, 3] and run.steps == 2
 
 
 def test_device_cuda_trains_there_or_is_refused(data, tmp_path):
     import torch
 
-    config = trainfeed.TrainConfig(data=data["parquet"], device="cuda", batch_size=8, width=4,
-                                   out=str(tmp_path / "o"), progress=False)
+    config = trainfeed.TrainConfig(data=data["parquet"], device="cuda", width=4, out=str(tmp_path / "o"),
+                                   progress=False, epoch=trainfeed.EpochOptions(batch_size=8))
     if torch.cuda.is_available():
         run = trainfeed.train(config)
         assert run.summary["device"] == "cuda" and run.steps == N // 8
@@ -432,8 +441,8 @@ def test_messages_name_options_as_the_caller_spells_them(data, tmp_path):
     write_volumes(src, 10, shape=SHAPE, labels_csv=False)
     write_labels(src / "labels.csv", {f"v{i:03d}": i % 5 for i in range(10)})
     trainfeed.convert(str(src), str(tmp_path / "five.h5"), format="hdf5")
-    run_options = dict(data=str(tmp_path / "five.h5"), num_classes=2, batch_size=5, width=4,
-                       out=str(tmp_path / "o"), progress=False)
+    run_options = dict(data=str(tmp_path / "five.h5"), num_classes=2, epoch=trainfeed.EpochOptions(batch_size=5),
+                       width=4, out=str(tmp_path / "o"), progress=False)
     python, command_line = trainfeed.TrainConfig(**run_options), trainfeed.TrainConfig(**run_options, cli=True)
     assert (python.option(name="num_classes"), command_line.option("num_classes")) == ("num_classes=",
                                                                                        "--num-classes ")
@@ -444,20 +453,24 @@ def test_messages_name_options_as_the_caller_spells_them(data, tmp_path):
 
 
 def test_train_config_names_the_options_it_opens_and_reads_with(data):
-    config = trainfeed.TrainConfig(data=data["parquet"], field_name="volume", io_concurrency=3, batch_size=4, seed=5,
-                                   shuffle_buffer=16, workers=1, augment=False)
-    assert config.open_options() == trainfeed.OpenOptions(field="volume", io_concurrency=3)
+    config = trainfeed.TrainConfig(data=data["parquet"], store=trainfeed.OpenOptions(field="volume", io_concurrency=3),
+                                   epoch=trainfeed.EpochOptions(batch_size=4, seed=5, shuffle_buffer=16, workers=1,
+                                                                augment=False))
+    assert config.store == trainfeed.OpenOptions(field="volume", io_concurrency=3)
     ranks = [config.epoch_options(rank=r, world_size=2) for r in (0, 1)]
     assert ranks[1] == trainfeed.EpochOptions(batch_size=4, seed=5, shuffle_buffer=16, workers=1, rank=1, world_size=2)
-    store = trainfeed.open_store(config.data, options=config.open_options())
+    store = trainfeed.open_store(config.data, options=config.store)
     both = sorted(rows_of(store.batches(options=ranks[0])) + rows_of(store.batches(options=ranks[1])))
     assert both == truth_rows(data["truth"], sorted(data["truth"]))  # 3 global batches of 8: each sample once
-    global_ = trainfeed.TrainConfig(data=data["parquet"], global_batch_size=8, lanes=2, augment=False)
+    global_ = trainfeed.TrainConfig(data=data["parquet"], epoch=trainfeed.EpochOptions(global_batch_size=8, lanes=2,
+                                                                                       augment=False))
     opts = global_.epoch_options(rank=0, world_size=2)
     assert opts == trainfeed.EpochOptions(batch_size=4, rank=0, world_size=2, global_batch_size=8, lanes=2)
     assert (opts.global_batch, opts.rank_batch, opts.lane_count) == (8, 4, 2)
-    secret = trainfeed.TrainConfig(data=config.data, storage_options={"account_key": "s3cr3t-value"})
-    assert secret.to_dict()["storage_options"] == ["account_key"] and "s3cr3t" not in json.dumps(secret.to_dict())
+    secret = trainfeed.TrainConfig(data=config.data,
+                                   store=trainfeed.OpenOptions(storage_options={"account_key": "s3cr3t-value"}))
+    assert secret.to_dict()["store"]["storage_options"] == ["account_key"]
+    assert "s3cr3t" not in json.dumps(secret.to_dict())
 
 
 @pytest.fixture
@@ -477,7 +490,7 @@ def tf_data_service():
 @pytest.mark.tf
 def test_train_through_a_tf_data_service(photos, tf_data_service, tmp_path):
     run = trainfeed.train(trainfeed.TrainConfig(data=str(photos["src"]), framework="torch",
-                                                data_service=tf_data_service, batch_size=3, width=4,
-                                                out=str(tmp_path / "o"), progress=False))
+                                                data_service=tf_data_service, width=4, out=str(tmp_path / "o"),
+                                                progress=False, epoch=trainfeed.EpochOptions(batch_size=3)))
     steps = [json.loads(line) for line in (tmp_path / "o" / "steps.jsonl").read_text().splitlines()]
     assert run.steps == 8 // 3 and [r["samples"] for r in steps] == [3, 3]  # whole batches from the service

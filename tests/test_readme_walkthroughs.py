@@ -82,6 +82,6 @@ def test_layout_h5py_snippet_runs_as_written(tmp_path, labeled):
     probe = code + "\nprint(sid, label, vol.shape, schema['samples'])\n"
     res = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
-    sid, label, *rest = res.stdout.split()
+    sid, label, *_rest = res.stdout.split()
     assert sid.startswith("vol_") or sid.startswith("v")
     assert (label in ("0", "1")) if labeled else label == "None"

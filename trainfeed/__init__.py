@@ -31,23 +31,37 @@ if TYPE_CHECKING:
     from trainfeed.torch_data import TorchDataset
     from trainfeed.trainer import TrainResult, train
     from trainfeed.training.config import TrainConfig
-    from trainfeed.training.reading.readers import Batch
-    from trainfeed.training.reading.store import EpochOptions
+    from trainfeed.training.reading.store import Batch, EpochOptions
 
 #: Where each name of the API lives. Imported on first use: ``import trainfeed.converters``
 #: (every CLI) stays light, and only TorchDataset imports torch.
 _API = {
     "convert": ".conversion", "ConvertResult": ".conversion", "open_store": ".store", "Store": ".store",
-    "Batch": "trainfeed.training.reading.readers", "TorchDataset": ".torch_data", "tf_dataset": ".tf_data",
+    "Batch": "trainfeed.training.reading.store", "TorchDataset": ".torch_data", "tf_dataset": ".tf_data",
     "train": ".trainer", "TrainConfig": "trainfeed.training.config", "TrainResult": ".trainer",
     "TrainfeedError": "trainfeed.converters.errors", "UsageError": "trainfeed.converters.errors",
     "ForeignSchema": "trainfeed.converters.formats.foreign", "OpenOptions": "trainfeed.converters.formats.options",
     "EpochOptions": "trainfeed.training.reading.store",
 }
 
-__all__ = ["__version__", "convert", "ConvertResult", "open_store", "Store", "Batch", "TorchDataset", "tf_dataset",
-           "train", "TrainConfig", "TrainResult", "TrainfeedError", "UsageError", "ForeignSchema",
-           "OpenOptions", "EpochOptions"]
+__all__ = [
+    "Batch",
+    "ConvertResult",
+    "EpochOptions",
+    "ForeignSchema",
+    "OpenOptions",
+    "Store",
+    "TorchDataset",
+    "TrainConfig",
+    "TrainResult",
+    "TrainfeedError",
+    "UsageError",
+    "__version__",
+    "convert",
+    "open_store",
+    "tf_dataset",
+    "train",
+]
 
 
 def __getattr__(name: str) -> Any:

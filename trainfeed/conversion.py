@@ -2,16 +2,18 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
-from trainfeed.converters.convert import ConvertConfig, default_workers
+from trainfeed.converters.convert import ConvertConfig
 from trainfeed.converters.convert import convert as _convert
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.formats.options import WriteOptions, parse_size
 from trainfeed.converters.formats.registry import FORMATS
 from trainfeed.converters.sources.decode import ArrayOptions, ImageOptions
 from trainfeed.converters.sources.labels import parse_classes
+from trainfeed.converters.storage.clouds import StorageOptions
 
 WritableFormat = Literal["parquet", "delta", "hdf5"]
 Mode = Literal["create", "overwrite", "append"]
@@ -57,14 +59,14 @@ class ConvertResult:
 
 
 def convert(src: str, dst: str, *, format: WritableFormat, labels: str | None = None,
-            storage_options: Mapping[str, str] | None = None, mode: Mode = "create",
+            storage_options: StorageOptions | None = None, mode: Mode = "create",
             compression: str | None = None, compression_level: int | None = None,
             target_file_size: int | str = "128MB", row_group_size: int | str = "32MB",
             hdf5_chunk_size: int | str = "1MB", tensor_column: Literal["binary", "list"] = "binary",
             resize: tuple[int, int] | None = None, image_storage: Literal["encoded", "decoded"] = "encoded",
             image_mode: Literal["RGB", "L"] = "RGB", reduce_depth: bool = False, promote_depth: bool = False,
             ragged: bool = False, dtype: str | None = None, channels: Literal["first", "last"] | None = None,
-            folder_labels: bool = True, classes: Sequence[str] | None = None, workers: int | None = None,
+            folder_labels: bool = True, classes: Sequence[str] | None = None, workers: int = 0,
             on_error: Literal["fail", "skip"] = "fail", verify: bool = False) -> ConvertResult:
     """Convert the small files at ``src`` (a folder or fsspec URL) into a ``format`` store at ``dst``.
 
@@ -92,7 +94,7 @@ def convert(src: str, dst: str, *, format: WritableFormat, labels: str | None = 
                         labels_csv=labels or (labels_in_source(src, dict(storage_options or {})) if folder_labels
                                               else None),
                         folder_labels=folder_labels, classes=parse_classes(classes),
-                        workers=workers or default_workers(src),
+                        workers=workers or 0,
                         on_error=on_error, verify=verify, storage_options=dict(storage_options or {}))
     try:
         return ConvertResult.from_summary(_convert(cfg))

@@ -2,16 +2,17 @@
 one ``Store`` whose ``batches()`` are one epoch of numpy batches."""
 from __future__ import annotations
 
-from typing import Any, Iterator, Literal, Mapping, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal
 
 from trainfeed.converters.formats.foreign import foreign_schema
 from trainfeed.converters.formats.options import OpenOptions, merge_options
 from trainfeed.converters.sources.labels import parse_classes
+from trainfeed.converters.storage.clouds import StorageOptions
 from trainfeed.training.reading import readers
-from trainfeed.training.reading.readers import Batch
-from trainfeed.training.reading.store import EpochOptions
+from trainfeed.training.reading.store import Batch, EpochOptions, OpenedStore
 
-Format = Literal["parquet", "delta", "hdf5", "blob"]
+FormatName = Literal["parquet", "delta", "hdf5", "blob"]
 Encoding = Literal["auto", "npy", "raw", "list"]
 Pool = Literal["arrow", "sharded", "process", "thread", "dummy"]
 
@@ -19,7 +20,7 @@ Pool = Literal["arrow", "sharded", "process", "thread", "dummy"]
 class Store:
     """An opened store. ``store.reader`` is the read engine's view of it (pieces, schema)."""
 
-    def __init__(self, reader: readers.Store):
+    def __init__(self, reader: OpenedStore) -> None:
         self.reader = reader
 
     @property
@@ -96,7 +97,7 @@ def epoch_options(options: EpochOptions | None, **keywords: Any) -> EpochOptions
 
 
 def open_store(uri: str, *, options: OpenOptions | None = None, version: int | None = None,
-               storage_options: Mapping[str, str] | None = None, format: Format | None = None,
+               storage_options: StorageOptions | None = None, format: FormatName | None = None,
                field: str | None = None, labels: str | None = None, classes: Sequence[str] | None = None,
                cast: str | None = None,
                io_concurrency: int = 8, cache_dir: str | None = None, cache_limit: int = 10 * 10**9,

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
+from trainfeed.converters.storage.clouds import StorageOptions
 from trainfeed.store import Pool, Store, epoch_options, open_store
 from trainfeed.torch_handoff import Reader, consume, torch_dtype
 from trainfeed.torch_ring import Ring
@@ -65,8 +67,8 @@ class TorchDataset(IterableDataset[tuple[torch.Tensor, ...]]):
     def __init__(self, store: Store | str, *, options: EpochOptions | None = None, batch_size: int = 32,
                  global_batch_size: int | None = None, lanes: int | None = None, shuffle: bool = True,
                  seed: int = 0, drop_last: bool = False, workers: int = 2, pool: Pool = "arrow",
-                 shuffle_buffer: int = 256, storage_options: dict[str, str] | None = None, fit: str | None = None,
-                 return_shapes: bool = False, augment: bool = False):
+                 shuffle_buffer: int = 256, storage_options: StorageOptions | None = None, fit: str | None = None,
+                 return_shapes: bool = False, augment: bool = False) -> None:
         base = epoch_options(options, batch_size=batch_size, global_batch_size=global_batch_size, lanes=lanes,
                              shuffle=shuffle, seed=seed, drop_last=drop_last, workers=workers, pool=pool,
                              shuffle_buffer=shuffle_buffer, augment=augment)

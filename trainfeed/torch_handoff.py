@@ -29,14 +29,16 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from trainfeed.converters.errors import TrainfeedError
 from trainfeed.converters.storage.cache import pid_alive
-from trainfeed.converters.storage.fetch import flush_cache_writes
+from trainfeed.converters.storage.cache_writer import flush_cache_writes
 from trainfeed.torch_ring import (
     BATCH,
     FILL,
@@ -56,8 +58,11 @@ from trainfeed.torch_ring import (
     Ring,
     SlotTensor,
 )
+from trainfeed.training.reading.store import Batch
 
 T = TypeVar("T")
+#: The reader's allocator for a batch's x, (shape, dtype) -> memory in a free slot.
+Allocate = Callable[[tuple[int, ...], npt.DTypeLike], np.ndarray]
 
 #: Batches the reader fills ahead of the training process, at most (and at most this many bytes).
 AHEAD_BYTES = 512 << 20
@@ -75,8 +80,8 @@ WORKER_FLUSH_S = 10.0
 class Reader(threading.Thread):
     """DataLoader worker 0's thread that reads the rank's batches into the ring."""
 
-    def __init__(self, ring: Ring, run: int, epoch: int, batches: Callable[[Callable], Iterator],
-                 start: int, end: int, workers: int, shape_dims: int = 0):
+    def __init__(self, ring: Ring, run: int, epoch: int, batches: Callable[[Allocate], Iterator[Batch]],
+                 start: int, end: int, workers: int, shape_dims: int = 0) -> None:
         """``shape_dims``: sizes of each sample's own shape kept in the slot after its labels (a
         fitted store's ``Batch.shapes``); 0: none."""
         super().__init__(name="trainfeed-ring-reader", daemon=True)
@@ -138,7 +143,7 @@ class Reader(threading.Thread):
         if self.stop.is_set() or int(self.ring.np_header[H_RUN]) != self.run_id:
             raise _Stopped
 
-    def _empty(self, shape: tuple, dtype: Any) -> np.ndarray:
+    def _empty(self, shape: tuple[int, ...], dtype: npt.DTypeLike) -> np.ndarray:
         """The engine's allocator for a batch's x: a free slot's memory."""
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
@@ -149,7 +154,8 @@ class Reader(threading.Thread):
         table = self.ring.np_table
         table[s, READY] = 0  # first: taken back
         self._slot = s
-        return self.ring.slot(s)[:nbytes].view(dtype).reshape(shape)
+        x: np.ndarray = self.ring.slot(s)[:nbytes].view(dtype).reshape(shape)
+        return x
 
     def _free_slot(self) -> int:
         table, run = self.ring.np_table, self.run_id
@@ -229,7 +235,7 @@ class _BatchProbe:
     """Whether batch ``k`` of ``run`` is published, and how many batches the reader still has to
     read before it (a worker waiting far behind the reader looks less often)."""
 
-    def __init__(self, table: np.ndarray, run: int, k: int):
+    def __init__(self, table: np.ndarray, run: int, k: int) -> None:
         self.table, self.run, self.k, self.distance = table, run, k, 0
 
     def __call__(self) -> int | None:
@@ -265,7 +271,7 @@ def _ticket(ring: Ring, run: int, k: int, sample: tuple[tuple[int, ...], str], s
         return t
 
     parts: tuple[SlotTensor, ...] = (empty("x", (0, *sample[0]), sample[1]), empty("y", (0,), "<i8"))
-    return parts + (empty("s", (0, shape_dims), "<i8"),) if shape_dims else parts
+    return (*parts, empty("s", (0, shape_dims), "<i8")) if shape_dims else parts
 
 
 def torch_dtype(dtype: str) -> torch.dtype:

@@ -15,9 +15,10 @@ import sys
 import threading
 import uuid
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -77,20 +78,26 @@ def receive(handle: Handle) -> torch.Tensor:
     return ring.receive(handle)
 
 
+def _shared(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` moved into shared memory (``Tensor.share_memory_``, which torch leaves unannotated)."""
+    share: Callable[[], torch.Tensor] = tensor.share_memory_
+    return share()
+
+
 class Ring:
     """Batch slots in shared memory (see the module's docstring). Made by the training process;
     pickled (fd passing) or inherited by its workers."""
 
-    def __init__(self, slot_bytes: int, dataset: Any = None):
+    def __init__(self, slot_bytes: int, dataset: Any = None) -> None:
         self.id = uuid.uuid4().hex
         self.owner = os.getpid()
         self.slot_bytes = -(-max(64, slot_bytes) // 64) * 64
         self.slots = max(MIN_SLOTS, min(MAX_SLOTS, RING_BYTES // self.slot_bytes))
-        storage = torch.UntypedStorage._new_shared(self.slots * self.slot_bytes)
-        self.data = torch.empty(0, dtype=torch.uint8).set_(storage)
-        self.table = torch.zeros((self.slots, S_AT + 1), dtype=torch.int64).share_memory_()
-        self.header = torch.zeros(8, dtype=torch.int64).share_memory_()
-        self.text = torch.zeros(2048, dtype=torch.uint8).share_memory_()
+        new_shared: Callable[[int], torch.UntypedStorage] = torch.UntypedStorage._new_shared  # unannotated in torch
+        self.data = torch.empty(0, dtype=torch.uint8).set_(new_shared(self.slots * self.slot_bytes))
+        self.table = _shared(torch.zeros((self.slots, S_AT + 1), dtype=torch.int64))
+        self.header = _shared(torch.zeros(8, dtype=torch.int64))
+        self.text = _shared(torch.zeros(2048, dtype=torch.uint8))
         self._local()
         self._dataset = weakref.ref(dataset) if dataset is not None else (lambda: None)
         _RINGS[self.id] = self
@@ -104,10 +111,10 @@ class Ring:
         self._lock = threading.Lock()
         self._runs: dict[int, _RunView] = {}
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         return {k: self.__dict__[k] for k in ("id", "owner", "slot_bytes", "slots", "data", "table", "header", "text")}
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._dataset = lambda: None
         self._local()
@@ -124,7 +131,7 @@ class Ring:
                 view = self._runs[handle.run] = _RunView(self, handle.run)
                 while len(self._runs) > 4:  # a handle of a dropped run may still come: keep a few
                     del self._runs[next(iter(self._runs))]
-            slot, seq, k = view.bind(handle)
+            slot, seq, _k = view.bind(handle)
             if slot < 0:  # a handle of a run its DataLoader iterator dropped: discarded by the DataLoader
                 return torch.empty(0)
             lease = self._leases.get((slot, seq))
@@ -172,7 +179,7 @@ class _RunView:
     ``in_order=False`` the DataLoader yields handles as they arrive, so each stands for the
     next batch of the run, and the order is the run's whatever the workers' timing."""
 
-    def __init__(self, ring: Ring, run: int):
+    def __init__(self, ring: Ring, run: int) -> None:
         self.ring, self.run = ring, run
         self.in_order = _loader_in_order(ring._dataset())
         self.next = int(ring.np_header[H_START]) if int(ring.np_header[H_RUN]) == run else 0

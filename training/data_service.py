@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Optional
+from typing import Any
 
 import typer
 
@@ -44,11 +44,13 @@ def worker(address: str, port: int, host: str) -> None:
     server.join()
 
 
-def measure(data: str, image_size: tuple[int, int], batch_size: int, service: str | None, augment: bool) -> dict:
+def measure(data: str, image_size: tuple[int, int], batch_size: int, service: str | None,
+            augment: bool) -> dict[str, Any]:
     """Images/s of one epoch of the offloaded pipeline (read + decode + augment), no training."""
     from trainfeed.converters.formats.options import OpenOptions
-    from trainfeed.training.reading.readers import EpochOptions, open_store
+    from trainfeed.training.reading.readers import open_store
     from trainfeed.training.reading.service_input import check_reachable, check_store, distributed
+    from trainfeed.training.reading.store import EpochOptions
 
     opts = EpochOptions(batch_size=batch_size, augment=augment)
     store = open_store(data, "blob", OpenOptions(image_size=image_size))
@@ -98,7 +100,7 @@ def measure_command(
     data: str = typer.Option(..., "--data"),
     image_size: str = typer.Option(..., "--image-size", help="HEIGHTxWIDTH, e.g. 64x64."),
     batch_size: int = typer.Option(32, "--batch-size"),
-    service: Optional[str] = typer.Option(None, "--service", help="grpc://HOST:PORT; default: run the pipeline in "
+    service: str | None = typer.Option(None, "--service", help="grpc://HOST:PORT; default: run the pipeline in "
                                           "this process."),
     no_augment: bool = typer.Option(False, "--no-augment"),
 ) -> None:

@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from trainfeed.converters.errors import UsageError
 from trainfeed.training.config import TrainConfig, distributed_env
+from trainfeed.training.frameworks import TORCH
 
 TASK_GPUS = "spark.task.resource.gpu.amount"
 RUN_FILE = "distributed.json"
@@ -54,7 +56,7 @@ def is_rank_zero() -> bool:
     return distributed_env()[0] == 0
 
 
-def write_from_rank_zero(path: Path, payload: dict) -> bool:
+def write_from_rank_zero(path: Path, payload: dict[str, Any]) -> bool:
     """Write ``payload`` as JSON to ``path`` on rank 0 only: all ranks share ``--out``, so one
     writer per file. Whether this process wrote it."""
     if not is_rank_zero():
@@ -66,30 +68,30 @@ def write_from_rank_zero(path: Path, payload: dict) -> bool:
     return True
 
 
-def _worker(cfg_dict: dict, dist_dict: dict) -> dict:
+def _worker(cfg: TrainConfig, dist_dict: dict[str, Any]) -> dict[str, Any]:
     """Runs in each process TorchDistributor starts (RANK / WORLD_SIZE set by torchrun)."""
-    from trainfeed.training.config import TrainConfig as Config
     from trainfeed.training.distributed import write_from_rank_zero as write
     from trainfeed.training.loops.loop import train
 
-    summary = train(Config(**cfg_dict))
-    write(Path(cfg_dict["out"]) / RUN_FILE, {**dist_dict, "world_size": summary.get("world_size")})
+    summary = train(cfg)
+    write(Path(cfg.out) / RUN_FILE, {**dist_dict, "world_size": summary.get("world_size")})
     return summary
 
 
 def train_distributed(cfg: TrainConfig, num_processes: int, *, local_mode: bool = True,
-                      gpus_per_task: int = 1) -> dict:
+                      gpus_per_task: int = 1) -> dict[str, Any]:
     """Rank 0's summary; every rank writes summary[-rankN].json and steps[-rankN].jsonl to --out,
     rank 0 alone writes distributed.json (the settings below and the world size)."""
     from pyspark.ml.torch.distributor import TorchDistributor
     from pyspark.sql import SparkSession
 
-    cfg = replace(cfg, progress=False, framework="torch")
+    cfg = replace(cfg, progress=False, framework=TORCH.name)  # TorchDistributor runs PyTorch
     dist = Distribution(num_processes, local_mode, gpus_per_task)
     use_gpu = cfg.device == "cuda"
     spark = SparkSession.getActiveSession()
     check_distribution(dist, use_gpu, spark.sparkContext.getConf().get(TASK_GPUS) if spark else None)
     distributor = TorchDistributor(num_processes=num_processes, local_mode=local_mode, use_gpu=use_gpu)
-    distributor.run(_worker, asdict(cfg), asdict(dist))
+    distributor.run(_worker, cfg, asdict(dist))  # the config pickled whole: its options are frozen dataclasses
     # TorchDistributor returns one process's output, not reliably rank 0's: read rank 0's file
-    return json.loads((Path(cfg.out) / "summary.json").read_text())
+    summary: dict[str, Any] = json.loads((Path(cfg.out) / "summary.json").read_text())
+    return summary

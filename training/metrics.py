@@ -7,11 +7,14 @@ import math
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 import psutil
+
+from trainfeed.training.frameworks import FRAMEWORKS, Library
 
 
 def significant(x: float, digits: int = 4) -> float:
@@ -31,7 +34,7 @@ class StepRecord:
     bytes: int
     loss: float | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "epoch": self.epoch, "data_wait_s": round(self.data_wait_s, 6),
                 "compute_s": round(self.compute_s, 6), "samples": self.samples, "bytes": self.bytes,
                 "loss": self.loss}
@@ -52,7 +55,7 @@ class StepTimer:
         if self.sink:
             self.sink(record)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         steady = self.records[self.warmup_steps:] or self.records
         if not steady:
             return {"steps": 0}
@@ -86,10 +89,10 @@ class UtilizationSampler:
     """A background thread sampling CPU %, RSS, disk and network bytes (and GPU utilization
     and memory through NVML when a GPU is present) every ``interval`` seconds."""
 
-    def __init__(self, interval: float = 1.0, sink: Callable[[dict], None] | None = None):
+    def __init__(self, interval: float = 1.0, sink: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.interval = interval
         self.sink = sink
-        self.samples: list[dict] = []
+        self.samples: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="trainfeed-util", daemon=True)
         self._proc = psutil.Process()
@@ -104,20 +107,20 @@ class UtilizationSampler:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(5)
         self._record(self._sample())  # a short run still gets one sample
 
-    def _record(self, rec: dict) -> None:
+    def _record(self, rec: dict[str, Any]) -> None:
         self.samples.append(rec)
         if self.sink:
             self.sink(rec)
 
-    def _sample(self) -> dict:
+    def _sample(self) -> dict[str, Any]:
         disk, net = psutil.disk_io_counters(), psutil.net_io_counters()
         mem = psutil.virtual_memory()
-        rec = {
+        rec: dict[str, Any] = {
             "t": round(time.monotonic() - self._t0, 3),
             "cpu_percent": psutil.cpu_percent(None),
             "process_cpu_percent": self._proc.cpu_percent(None),
@@ -140,7 +143,7 @@ class UtilizationSampler:
         while not self._stop.wait(self.interval):
             self._record(self._sample())
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         if not self.samples:
             return {}
         keys = [k for k in self.samples[0] if k != "t" and not k.endswith(("read_mb", "recv_mb"))]
@@ -151,7 +154,7 @@ class UtilizationSampler:
         return out
 
 
-def _nvml_handles() -> list:
+def _nvml_handles() -> list[Any]:
     try:
         import pynvml
 
@@ -164,19 +167,38 @@ def _nvml_handles() -> list:
 class JsonLines:
     """Append-only JSON-lines file, flushed per record so a killed run keeps what it measured."""
 
-    def __init__(self, path: Path):
-        self.fh = open(path, "a")
+    def __init__(self, path: Path) -> None:
+        self.fh = open(path, "a")  # noqa: SIM115 - the file lives as long as the log
 
-    def __call__(self, record) -> None:
-        self.fh.write(json.dumps(record.to_dict() if hasattr(record, "to_dict") else record) + "\n")
+    def __call__(self, record: StepRecord | dict[str, Any]) -> None:
+        self.fh.write(json.dumps(record.to_dict() if isinstance(record, StepRecord) else record) + "\n")
         self.fh.flush()
 
     def close(self) -> None:
         self.fh.close()
 
 
-#: Libraries whose versions a measurement depends on (reported when importable).
-_LIBRARIES = ("numpy", "pyarrow", "pandas", "torch", "tensorflow", "deltalake", "h5py", "petastorm", "pyspark")
+#: Libraries whose versions a measurement depends on (reported when installed), the frameworks' in between.
+_DATA_LIBRARIES = ("numpy", "pyarrow", "pandas")
+_STORE_LIBRARIES = ("deltalake", "h5py", "petastorm", "pyspark")
+
+
+def _libraries() -> tuple[Library, ...]:
+    frameworks = tuple(library for fw in FRAMEWORKS.values() for library in fw.libraries)
+    return (*(Library(name, (name,)) for name in _DATA_LIBRARIES), *frameworks,
+            *(Library(name, (name,)) for name in _STORE_LIBRARIES))
+
+
+def _version(library: Library) -> str | None:
+    """The version of the first of ``library``'s distributions installed; None when none is."""
+    import importlib.metadata
+
+    for distribution in library.distributions:
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def _cpu_model() -> str | None:
@@ -191,23 +213,14 @@ def _cpu_model() -> str | None:
     return None
 
 
-def environment() -> dict:
+def environment() -> dict[str, Any]:
     """The machine and library versions behind a measurement (summary.json, benchmark lines)."""
-    import importlib.metadata
     import os
     import platform
 
     import psutil
 
-    versions = {}
-    for name in _LIBRARIES:
-        try:
-            versions[name] = importlib.metadata.version(name if name != "tensorflow" else "tensorflow-cpu")
-        except importlib.metadata.PackageNotFoundError:
-            try:
-                versions[name] = importlib.metadata.version(name)
-            except importlib.metadata.PackageNotFoundError:
-                continue
+    versions = {library.name: version for library in _libraries() if (version := _version(library)) is not None}
     gpu = None
     if "torch" in versions:
         import torch

@@ -16,9 +16,9 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
-from typing import Iterator
 
 #: What TensorFlow's native code prints while it is imported, whatever TF_CPP_MIN_LOG_LEVEL says
 #: (absl logs before its logging is set up): notices, not problems.
@@ -39,8 +39,7 @@ def import_tensorflow() -> ModuleType:
     if sys.modules.get("tensorflow") is None:  # not imported yet (or blocked: the import raises)
         prepare_tensorflow()
         with _without_notices():
-            import tensorflow
-        return tensorflow
+            import tensorflow  # noqa: F401 - the module is sys.modules' entry
     return sys.modules["tensorflow"]
 
 

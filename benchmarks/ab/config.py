@@ -3,19 +3,22 @@
 cell (or one store's cells) without stopping the matrix (``stage``)."""
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any
 
+from trainfeed.benchmarks.model.catalog import CATALOG
 from trainfeed.benchmarks.model.profiles import save_object_store
 from trainfeed.benchmarks.model.scenario import SCENARIO_COPY, Scenario
 from trainfeed.benchmarks.synth import generate_volumes
 from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.formats.options import OpenOptions
 from trainfeed.converters.formats.registry import FORMATS
+from trainfeed.converters.option_docs import borrow, help_of, option
 from trainfeed.converters.redact import redact
-from trainfeed.converters.sources.decode import ArrayOptions
-from trainfeed.converters.storage.fetch import DEFAULT_IO_CONCURRENCY
+from trainfeed.converters.sources.decode import ArrayOptions, ImageOptions
 
 #: The small-file layout as it is (the baseline), then every format of the registry.
 STORES = tuple(dict.fromkeys(("blob", *FORMATS)))
@@ -30,7 +33,7 @@ CELL_ERRORS = (TrainfeedError, RuntimeError, OSError)
 class CellFailed(Exception):
     """A cell (or every cell of a store) failed at ``stage``; ``reason``: why, redacted."""
 
-    def __init__(self, stage: str, reason: str):
+    def __init__(self, stage: str, reason: str) -> None:
         super().__init__(reason)
         self.stage, self.reason = stage, reason
 
@@ -59,39 +62,79 @@ def stage(name: str) -> Iterator[None]:
         raise CellFailed(name, why(exc)) from exc
 
 
+#: What storage-bench adds to a conversion option's help.
+COMPACTED = " (storage-bench: the compacted stores' conversion.)"
+
+
 @dataclass
 class MatrixConfig:
     src: str  # folder of small files (the blob layout)
     out: str
-    labels_csv: str | None = None
-    stores: tuple[str, ...] = STORES
-    nodes: tuple[str, ...] = ("cpu", "t4", "h100")
-    frameworks: tuple[str, ...] = ("torch",)
-    steps: int = 20
-    cpu_steps: int = 4  # real-model steps on a CPU node are slow; fewer of them
-    batch_size: int = 32
-    repeats: int = 1
-    width: int = 64
-    workers: int = 4  # reader threads (blob: files read at once, locally)
-    io_concurrency: int = DEFAULT_IO_CONCURRENCY  # remote or emulated storage: range requests in flight per reader
-    storage_backend: str = "local"  # local (OUT/stores), azurite, or a URL
-    storage_profile: str | None = "azure-blob"  # latency emulation around every store; None: as is
-    storage_options: dict = field(default_factory=dict)  # SRC's, --labels' and a URL backend's
-    amp: bool = False
+    labels_csv: str | None = option(None, flag="labels", help="Labels CSV (id,label); default SRC/labels.csv if "
+                                    "present. A local file, inside SRC, or on the storage backend.")
+    stores: tuple[str, ...] = option(STORES, cli_default=",".join(STORES), help="Comma-separated: "
+                                     f"{', '.join(STORES)}.")
+    nodes: tuple[str, ...] = option(("cpu", "t4", "h100"), cli_default="cpu,t4,h100", help="Comma-separated: cpu, "
+                                    "cuda (a real GPU), emulated t4, v100, a10g, a100, h100, or a profile file from "
+                                    "`calibrate`.")
+    frameworks: tuple[str, ...] = option(("torch",), cli_default="torch", help="Comma-separated: torch, tf (tf on "
+                                         "real nodes only matters for compute).")
+    steps: int = option(30, help="Measured steps per cell on emulated nodes (plus one warm-up).")
+    cpu_steps: int = option(4, help="Steps per cell on a real CPU node (the full model is slow there).")
+    batch_size: int = option(32, help="Samples per step, every cell.")
+    repeats: int = option(1, help="Times each cell is measured (the report's spread).")
+    width: int = option(64, help="Model width: 64 is ResNet-18 (33.2M parameters in 3D).")
+    workers: int = option(4, help="Reader threads, the same for every store (small files: files read at once).")
+    io_concurrency: int = borrow(OpenOptions, "io_concurrency", help_suffix=" (storage-bench: each reader's, "
+                                 "whatever the layout: small files one GET each, row groups 8 MB parts.)")
+    storage_backend: str = option("local", help="Where every store is staged and read from: local (OUT/stores), "
+                                  "azurite (a local Azurite, the real Azure Blob API, started for the run), or a URL "
+                                  "such as abfs://container/folder (with storage options; storage-bench replaces "
+                                  "what it stages there).")
+    storage_profile: str | None = option("azure-blob", help="Latency emulation every read goes through: azure-blob, "
+                                         "s3, lan, a profile file written by `storage-bench probe`, or none (on a "
+                                         "real cloud, where latency is real).")
+    storage_options: dict[str, Any] = option(factory=dict, flag="storage-option", help="For a remote SRC, the "
+                                             "labels and a URL storage backend, in fsspec's names.")
+    amp: bool = False  # mixed precision in every cell's steps (the calibration's)
     # image folders: the size every image is resized to (at conversion, and by the reader for the
     # small files), and how the compacted stores hold the images: one store of each per format
-    resize: tuple[int, int] | None = None
-    image_storage: tuple[str, ...] = IMAGE_STORAGES
-    image_mode: str = "RGB"  # what the conversion decodes images to: RGB or L (convert --image-mode)
-    reduce_depth: bool = False  # the conversion takes a 16-bit image it cannot keep at 8 bits (--reduce-depth)
-    promote_depth: bool = False  # with image_mode L, the conversion stores 8-bit greyscale as 16-bit (--promote-depth)
+    resize: tuple[int, int] | None = borrow(ImageOptions, "resize", help_suffix=" (storage-bench: at conversion "
+                                            "for the compacted stores, by the reader for the small files.)")
+    image_storage: tuple[str, ...] = option(IMAGE_STORAGES, flag="image-storage", cli_default=",".join(IMAGE_STORAGES),
+                                            help=help_of(ImageOptions, "storage") + " (storage-bench: several, "
+                                            "comma-separated: one compacted store per format and choice, named "
+                                            "FORMAT-encoded, FORMAT-decoded.)")
+    image_mode: str = borrow(ImageOptions, "mode", help_suffix=COMPACTED)
+    reduce_depth: bool = borrow(ImageOptions, "reduce_depth", help_suffix=COMPACTED)
+    promote_depth: bool = borrow(ImageOptions, "promote_depth", help_suffix=COMPACTED)
     # arrays: how the compacted stores hold them and how every store is read (convert's and train's options)
     arrays: ArrayOptions = field(default_factory=ArrayOptions)  # --ragged, --dtype, --channels of the conversion
-    fit: str | None = None  # samples of different shapes: pad/crop/resize:SHAPE, for every store alike (train --fit)
+    fit: str | None = borrow(OpenOptions, "fit", help_suffix=" (storage-bench: every store, the small files too.)")
 
 
-def prepare(scenario: Scenario, out: Path, src: str | None, log, storage_backend: str = "local",
-            storage_options: dict | None = None) -> MatrixConfig:
+@dataclass(frozen=True)
+class ReportConfig:
+    """What the report projects onto: the full job, the instance catalog, the loader and the
+    instance to compare with (storage-bench run and report, the Spark benchmark job's merge)."""
+
+    target_samples: int = option(650_000, help="Your full dataset's size, for projections.")
+    target_epochs: int = option(5, help="Epochs of your full training job, for projections.")
+    catalog: Path = option(CATALOG, help="Instance catalog CSV (prices with date and source).")
+    baseline_loader: str | None = option(None, help="Your current loader, for the small files' row: KEY=VALUE,... "
+                                         "of name, concurrency (requests in flight), threads (that read and "
+                                         "decode; default: concurrency), prefetch (on/off), framework. E.g. "
+                                         "concurrency=1,prefetch=off,framework=tf for a generator reading one file "
+                                         "at a time. The report then says what repacking gains over it and what "
+                                         "better loading alone would gain.")
+    my_instance: str | None = option(None, help="The instance you train on today, by its catalog name (e.g. "
+                                     "Standard_NC4as_T4_v3; `storage-bench prices` lists them): the report's costs "
+                                     "always show it beside the fastest, the cheapest and the best per dollar of "
+                                     "each node type.")
+
+
+def prepare(scenario: Scenario, out: Path, src: str | None, log: Callable[[str], None], storage_backend: str = "local",
+            storage_options: dict[str, Any] | None = None) -> MatrixConfig:
     """The matrix a scenario measures: its stores on its nodes' devices, staged on
     ``storage_backend`` with the scenario's storage latency emulated around every read, on SRC
     or (without one) a dataset of the scenario's shape generated into OUT/data. The scenario

@@ -10,6 +10,7 @@ import os
 import threading
 import time
 from types import TracebackType
+from typing import Any
 
 import psutil
 
@@ -69,7 +70,7 @@ def _load_1m() -> float | None:
         return None
 
 
-def classify(sample: dict) -> tuple[bool, list[str]]:
+def classify(sample: dict[str, Any]) -> tuple[bool, list[str]]:
     """``(contended, reasons)`` from a summary's figures: ``cores``, ``others_busy_pct``,
     ``steal_pct`` (both None without /proc/stat), ``load_avg_1m_mean`` (None where unknown),
     ``process_cpu_s``, ``children_cpu_s`` (optional) and ``wall_s``."""
@@ -91,6 +92,10 @@ def classify(sample: dict) -> tuple[bool, list[str]]:
     return bool(reasons), reasons
 
 
+#: (monotonic time, this process's CPU-seconds, /proc/stat's (total, idle, steal), children's CPU-seconds by pid).
+_Snapshot = tuple[float, float, tuple[int, int, int] | None, dict[int, float]]
+
+
 class LoadMonitor:
     """Context manager over a measurement window; ``summary()`` afterwards (or during it).
 
@@ -105,10 +110,10 @@ class LoadMonitor:
         self._loads: list[float] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._start: tuple | None = None
-        self._end: tuple | None = None
+        self._start: _Snapshot | None = None
+        self._end: _Snapshot | None = None
 
-    def _snapshot(self) -> tuple[float, float, tuple[int, int, int] | None, dict[int, float]]:
+    def _snapshot(self) -> _Snapshot:
         return (time.monotonic(), cpu_seconds(), _read_stat(),
                 children_cpu_seconds() if self.include_children else {})
 
@@ -136,7 +141,7 @@ class LoadMonitor:
             self._thread.join()
         self._sample_load()
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         """JSON-able figures of the window, with ``contended`` and its ``reasons``."""
         if self._start is None:
             raise RuntimeError("LoadMonitor.summary() before the window started")
@@ -156,7 +161,7 @@ class LoadMonitor:
             ours = 100.0 * (process_cpu + children_cpu) * os.sysconf("SC_CLK_TCK") / total
             others = max(busy - ours, 0.0)
         loads = list(self._loads)
-        out = {
+        out: dict[str, Any] = {
             "cores": cores,
             "load_avg_1m_max": round(max(loads), 2) if loads else None,
             "load_avg_1m_mean": round(sum(loads) / len(loads), 2) if loads else None,
@@ -200,4 +205,4 @@ class ProcessesCPU:
 
     def seconds(self) -> float:
         t = self.me.cpu_times()
-        return t.user + t.system + self.children()
+        return float(t.user + t.system) + self.children()

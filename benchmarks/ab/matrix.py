@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import posixpath
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from trainfeed.benchmarks.ab.config import IMAGE_STORAGES, REAL_NODES, STORES, CellFailed, MatrixConfig, stage
 from trainfeed.benchmarks.ab.measure import (
     CellReading,
     IngestResult,
-    compute_only_tf,
-    compute_only_torch,
     emulated_run,
     ingest_only,
     real_cpu_run,
@@ -35,10 +34,12 @@ from trainfeed.benchmarks.model.profiles import (
     step_seconds,
 )
 from trainfeed.benchmarks.model.verdict import checks, verdict
+from trainfeed.benchmarks.records import Record
 from trainfeed.converters.convert import ConvertConfig, check_config
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.progress import MatrixProgress, NullProgress
 from trainfeed.converters.redact import register_storage_options
+from trainfeed.training import frameworks
 from trainfeed.training.metrics import environment
 from trainfeed.training.reading.fitting import Fit
 
@@ -88,8 +89,7 @@ def check_matrix(cfg: MatrixConfig) -> Backend:
                 raise TrainfeedError("node cuda: no CUDA device is available here; use an emulated node "
                                      f"({', '.join(ACCELERATORS)}) or run on a GPU machine")
     for f in cfg.frameworks:
-        if f not in ("torch", "tf"):
-            raise UsageError(f"unknown framework {f!r}: choose torch or tf")
+        frameworks.framework(f)  # a UsageError naming the registered ones
     for s in cfg.image_storage:
         if s not in IMAGE_STORAGES:
             raise UsageError(f"unknown --image-storage {s!r}: choose from {', '.join(IMAGE_STORAGES)}")
@@ -112,8 +112,13 @@ def check_matrix(cfg: MatrixConfig) -> Backend:
     return backend
 
 
+#: Compute-only is measured once per (node, framework, sample shape): (step seconds, how, CPU-s per step).
+ComputeKey = tuple[str, str, tuple[int, ...]]
+ComputeTime = tuple[float, str, float | None]
+
+
 def run_matrix(cfg: MatrixConfig, log: Callable[[str], None] = print,
-               progress: MatrixProgress | NullProgress = NullProgress()) -> list[dict]:
+               progress: MatrixProgress | NullProgress = NullProgress()) -> list[Record]:
     """Measure every cell; ``log`` takes staging messages, ``progress`` shows the cells as they run."""
     planned = check_matrix(cfg)
     register_storage_options(cfg.storage_options)
@@ -125,11 +130,11 @@ def run_matrix(cfg: MatrixConfig, log: Callable[[str], None] = print,
     return results.records
 
 
-def _run(cfg: MatrixConfig, backend: Backend, results: ResultsFile, env: dict, log: Callable[[str], None],
+def _run(cfg: MatrixConfig, backend: Backend, results: ResultsFile, env: Record, log: Callable[[str], None],
          progress: MatrixProgress | NullProgress) -> None:
     out = Path(cfg.out)
     names, staged, failed = stage_stores(cfg, backend, log)
-    compute: dict[tuple[str, str, tuple[int, ...]], tuple[float, str, float | None]] = {}
+    compute: dict[ComputeKey, ComputeTime] = {}
     grid = [(node, framework) for node in cfg.nodes for framework in cfg.frameworks]
     ingest: dict[str, IngestResult] = {}
     if isinstance(progress, MatrixProgress):
@@ -183,7 +188,7 @@ def _run(cfg: MatrixConfig, backend: Backend, results: ResultsFile, env: dict, l
 
 
 def _cell_record(cfg: MatrixConfig, rep: int, store: str, node: str, framework: str, st: Staged, flops_step: float,
-                 backend: Backend, env: dict) -> dict:
+                 backend: Backend, env: Record) -> Record:
     """A cell's record before it is measured: what it reads, from where, with what budget."""
     with stage("record"):
         return {"kind": "cell", "results_version": RESULTS_VERSION, "repeat": rep, "store": store, "node": node,
@@ -204,8 +209,8 @@ def _logged(log: Callable[[str], None], name: str, measure: Callable[[], IngestR
     return res
 
 
-def location_effect(cfg: MatrixConfig, backend: Backend, staged: dict, ingest: dict[str, IngestResult],
-                    results: ResultsFile, env: dict, log: Callable[[str], None]) -> None:
+def location_effect(cfg: MatrixConfig, backend: Backend, staged: dict[str, Staged], ingest: dict[str, IngestResult],
+                    results: ResultsFile, env: Record, log: Callable[[str], None]) -> None:
     """The location effect: the compacted store that ingested fastest on the backend, read again
     from local disk as it is (a copy downloaded from the backend; on the local backend the store
     itself, without the emulation), with the same reader and connection budget. Nothing to
@@ -234,15 +239,16 @@ def location_effect(cfg: MatrixConfig, backend: Backend, staged: dict, ingest: d
 
 
 def _measure_cell(cfg: MatrixConfig, node: str, framework: str, st: Staged, ropts: CellReading, flops_step: float,
-                  compute: dict, cell_dir: Path, progress: MatrixProgress | NullProgress) -> dict:
+                  compute: dict[ComputeKey, ComputeTime], cell_dir: Path,
+                  progress: MatrixProgress | NullProgress) -> Record:
     """Compute-only (measured once per node, framework and sample shape) and the real run."""
     key = (node, framework, st.shape)
     with stage("compute-only"):
         if key not in compute and node in REAL_NODES:
             progress.phase("compute-only", None)
-            seconds, cpu_s = (compute_only_torch(st.shape, cfg.batch_size, cfg.width, 3, node, cfg.amp)
-                              if framework == "torch" else compute_only_tf(st.shape, cfg.batch_size, cfg.width, 3))
-            compute[key] = (seconds, "measured", cpu_s)
+            seconds, cpu_per_step = frameworks.framework(framework).compute_only(
+                tuple(st.shape), cfg.batch_size, cfg.width, 3, node, cfg.amp)
+            compute[key] = (seconds, "measured", cpu_per_step)
         elif key not in compute:  # an emulated node: its profile's step time
             compute[key] = (*step_seconds(load_accelerator(node), flops_step,
                                           calibration_key(st.shape, cfg.batch_size, cfg.width, cfg.amp), cfg.amp), None)

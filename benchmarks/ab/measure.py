@@ -5,23 +5,23 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, cast
-
-import numpy as np
+from typing import Any, cast
 
 from trainfeed.benchmarks.ab.config import MatrixConfig
 from trainfeed.benchmarks.ab.hostload import LoadMonitor
 from trainfeed.benchmarks.ab.storage import StoreSource
+from trainfeed.benchmarks.ab.storagesim import EMULATED, EmulatedFileSystem
 from trainfeed.benchmarks.model.verdict import MIN_TIMED_SAMPLES, MIN_TIMED_SECONDS
 from trainfeed.converters.formats.options import OpenOptions
 from trainfeed.converters.formats.registry import IN_PLACE
-from trainfeed.training.config import Device, Framework, TrainConfig
+from trainfeed.training.config import Device, TrainConfig
 from trainfeed.training.metrics import StepTimer, UtilizationSampler, record
 from trainfeed.training.reading.prefetch import Prefetcher
-from trainfeed.training.reading.readers import Batch, EpochOptions, iter_batches, open_store
-from trainfeed.training.tensorflow_env import import_tensorflow
+from trainfeed.training.reading.readers import iter_batches, open_store
+from trainfeed.training.reading.store import Batch, EpochOptions, OpenedStore
 
 #: Ingest-only reads a store to the end of its epoch when it holds at most this many times the
 #: samples the timed window read: the reader may have read that much ahead already.
@@ -82,9 +82,9 @@ class IngestResult:
     extra_epochs: int
     cpu_s: float
     cpu_s_per_sample: float | None
-    requests: dict | None
+    requests: dict[str, int] | None
     ids_labels_sha256: str
-    load: dict
+    load: dict[str, Any]
 
 
 def ingest_only(src: StoreSource, reading: CellReading, steps: int,
@@ -128,7 +128,8 @@ def ingest_only(src: StoreSource, reading: CellReading, steps: int,
                         requests=stats, ids_labels_sha256=tally.digest, load=load.summary())
 
 
-def _extend(store, opts: EpochOptions, seconds: float, timed: int, timed_bytes: int) -> tuple[float, int, int, int]:
+def _extend(store: OpenedStore, opts: EpochOptions, seconds: float, timed: int,
+            timed_bytes: int) -> tuple[float, int, int, int]:
     """A timed window too short to mean anything (verdict.too_short), extended with whole further
     epochs of the store, timed the same way, until it lasts MIN_TIMED_SECONDS over
     MIN_TIMED_SAMPLES samples (or the budget runs out: the report then says the rate is too
@@ -145,76 +146,15 @@ def _extend(store, opts: EpochOptions, seconds: float, timed: int, timed_bytes: 
     return seconds, timed, timed_bytes, extra
 
 
-def _request_counter(src: StoreSource):
+def _request_counter(src: StoreSource) -> EmulatedFileSystem | None:
     """The emulated storage's client (its request counters), None for storage as it is."""
-    if not src.path.startswith("emulated://"):
+    if not src.path.startswith(f"{EMULATED}://"):
         return None
-    import fsspec
-
-    return fsspec.filesystem("emulated", **src.storage_options)
-
-
-def compute_only_torch(shape, batch: int, width: int, steps: int, device: str = "cpu",
-                       amp: bool = False) -> tuple[float, float]:
-    """Median seconds of a real training step on synthetic data already on the device, and the
-    process CPU-seconds per step (after the first)."""
-    import torch
-
-    from trainfeed.training.models.resnet_torch import build
-
-    dev = torch.device(device)
-    model = build(tuple(shape), 1, width).to(dev)
-    opt = torch.optim.Adam(model.parameters())
-    x = torch.randn(batch, *shape, device=dev)
-    y = torch.randint(0, 2, (batch,), device=dev).float()
-    times, cpu = [], []
-    for _ in range(steps):
-        t0, c0 = time.perf_counter(), time.process_time()
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
-            out = model(x)
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(out[:, 0].float(), y)
-        loss.backward()
-        opt.step()
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-    return float(np.median(times[1:])), float(np.mean(cpu[1:]))
-
-
-def compute_only_tf(shape, batch: int, width: int, steps: int) -> tuple[float, float]:
-    """As ``compute_only_torch``, for the Keras model."""
-    tf = import_tensorflow()
-    import keras
-
-    from trainfeed.training.models.resnet_tf import build
-
-    model = build(tuple(shape), 1, width)
-    opt = keras.optimizers.Adam()
-    opt.build(model.trainable_variables)  # its slots before the step: traced once (loop_tf.py)
-    x = tf.random.normal((batch, *shape))
-    y = tf.cast(tf.random.uniform((batch, 1)) > 0.5, tf.float32)
-    loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
-
-    @tf.function
-    def step():
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
-
-    times, cpu = [], []
-    for _ in range(steps):
-        t0, c0 = time.perf_counter(), time.process_time()
-        step().numpy()
-        times.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-    return float(np.median(times[1:])), float(np.mean(cpu[1:]))
+    return EmulatedFileSystem(**src.storage_options)
 
 
 def emulated_run(src: StoreSource, reading: CellReading, step_s: float, steps: int, out_dir: Path,
-                 on_step: Callable[[int], None] = _no_step) -> dict:
+                 on_step: Callable[[int], None] = _no_step) -> dict[str, Any]:
     """The real reader feeds a step that occupies the (emulated) accelerator for ``step_s``:
     the host is free meanwhile, as with a real GPU."""
     store = open_store(src.path, src.fmt, reading.open, reading.epoch.pool)
@@ -222,7 +162,7 @@ def emulated_run(src: StoreSource, reading: CellReading, step_s: float, steps: i
     util_path = out_dir / "utilization.jsonl"
     tally = ReadTally()
 
-    def sink(r: dict) -> None:
+    def sink(r: dict[str, Any]) -> None:
         fh.write(json.dumps(r) + "\n")
 
     with (open(util_path, "w") as fh, UtilizationSampler(sink=sink) as util,
@@ -246,18 +186,18 @@ def emulated_run(src: StoreSource, reading: CellReading, step_s: float, steps: i
 
 
 def real_cpu_run(src: StoreSource, cfg: MatrixConfig, framework: str, out_dir: Path, device: str = "cpu",
-                 image_size: tuple[int, int] | None = None) -> dict:
+                 image_size: tuple[int, int] | None = None) -> dict[str, Any]:
     from trainfeed.training.loops.loop import run
 
     # the matrix accepts only torch / tf and, for a real node, cpu / cuda (TrainConfig checks them again)
-    tcfg = TrainConfig(data=src.path, fmt=src.fmt, framework=cast(Framework, framework),
-                       device=cast(Device, device), batch_size=cfg.batch_size, steps_per_epoch=cfg.cpu_steps, epochs=1,
-                       workers=cfg.workers, io_concurrency=cfg.io_concurrency, pool="arrow", width=cfg.width,
-                       out=str(out_dir), labels_csv=src.labels_csv,
-                       shuffle_buffer=2 * cfg.batch_size,
-                       storage_options=src.storage_options, progress=False, amp=cfg.amp,
-                       image_size=image_size, fit=cfg.fit, channels=cfg.arrays.channels, augment=False,
-                       cast=cfg.arrays.dtype if src.fmt == IN_PLACE else None)
+    store = OpenOptions(labels=src.labels_csv, cast=cfg.arrays.dtype if src.fmt == IN_PLACE else None,
+                        storage_options=src.storage_options, io_concurrency=cfg.io_concurrency, image_size=image_size,
+                        fit=cfg.fit)
+    epoch = EpochOptions(batch_size=cfg.batch_size, shuffle_buffer=2 * cfg.batch_size, workers=cfg.workers,
+                         pool="arrow", augment=False)
+    tcfg = TrainConfig(data=src.path, store=store, epoch=epoch, fmt=src.fmt, framework=framework,
+                       device=cast(Device, device), steps_per_epoch=cfg.cpu_steps, epochs=1, width=cfg.width,
+                       out=str(out_dir), progress=False, amp=cfg.amp, channels=cfg.arrays.channels)
     with LoadMonitor(include_children=True) as load:
         summary = run(tcfg)
     timeline = [json.loads(line) for line in (out_dir / "utilization.jsonl").read_text().splitlines()]

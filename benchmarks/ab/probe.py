@@ -26,13 +26,15 @@ import statistics
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import fsspec
 import numpy as np
+from fsspec import AbstractFileSystem
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.redact import redact, redact_url
@@ -54,7 +56,7 @@ CPU_PASSES = 8  # each CPU level reads this many times the large object's bytes 
 @dataclass(frozen=True)
 class ProbeConfig:
     url: str
-    storage_options: dict = field(default_factory=dict)
+    storage_options: dict[str, Any] = field(default_factory=dict)
     small_size: int = 64 * 10**3
     large_size: int = 32 * 10**6
     samples: int = 50
@@ -111,7 +113,8 @@ def _writer(fs: fsspec.AbstractFileSystem, root: str) -> tuple[fsspec.AbstractFi
     return writer, path.rstrip("/")
 
 
-def _write(writer, prefix: str, read_prefix: str, cfg: ProbeConfig, shown: str, log) -> Objects:
+def _write(writer: AbstractFileSystem, prefix: str, read_prefix: str, cfg: ProbeConfig, shown: str,
+           log: Callable[[str], None]) -> Objects:
     rng = np.random.default_rng()  # incompressible payloads
     sub = posixpath.basename(prefix)
     log(f"writing {SMALL_OBJECTS} objects of {cfg.small_size:,} B and one of {cfg.large_size:,} B under {shown}/{sub}/")
@@ -131,7 +134,7 @@ def _write(writer, prefix: str, read_prefix: str, cfg: ProbeConfig, shown: str, 
                    f"{read_prefix}/large", cfg.large_size, f"written under {sub}/ and deleted afterwards")
 
 
-def _remove(writer, prefix: str, shown: str, log) -> None:
+def _remove(writer: AbstractFileSystem, prefix: str, shown: str, log: Callable[[str], None]) -> None:
     try:
         if writer.exists(prefix):
             writer.rm(prefix, recursive=True)
@@ -139,7 +142,7 @@ def _remove(writer, prefix: str, shown: str, log) -> None:
         log(redact(f"warning: {shown}/{posixpath.basename(prefix)}/ could not be deleted: {exc}"))
 
 
-def _existing(fs, root: str, cfg: ProbeConfig, shown: str) -> Objects:
+def _existing(fs: AbstractFileSystem, root: str, cfg: ProbeConfig, shown: str) -> Objects:
     """Objects already under ``root``: small GETs read the first ``small_size`` bytes of
     objects at least that large; the large reads, the start of the largest one."""
     try:
@@ -160,7 +163,7 @@ def _existing(fs, root: str, cfg: ProbeConfig, shown: str) -> Objects:
 Read = Callable[[str, int, int], "Buffer"]
 
 
-def reader(fs) -> Read:
+def reader(fs: AbstractFileSystem) -> Read:
     """``read(path, start, end)``: a range as trainfeed's reader fetches it (``Fetcher``), through
     the native client's ``get_range`` for Azure Blob, S3 and GCS, else the file system's
     ``cat_file``."""
@@ -208,7 +211,8 @@ def _sweep(read: Read, path: str, size: int, chunk: int, connections: int, round
     return Sweep(nbytes / seconds / 1e6, connections * rounds / seconds, cpu / (nbytes / 1e9), nbytes)
 
 
-def _client_cpu(read: Read, objects: Objects, chunk: int, cfg: ProbeConfig, log) -> dict[str, Sweep]:
+def _client_cpu(read: Read, objects: Objects, chunk: int, cfg: ProbeConfig,
+                log: Callable[[str], None]) -> dict[str, Sweep]:
     """The client's CPU-seconds per GB of range reads of ``chunk`` bytes at each of CPU_LEVELS up
     to ``max_concurrency`` in flight, each over CPU_PASSES times the large object's bytes."""
     out = {}
@@ -219,8 +223,9 @@ def _client_cpu(read: Read, objects: Objects, chunk: int, cfg: ProbeConfig, log)
     return out
 
 
-def measure(fs, objects: Objects, cfg: ProbeConfig, shown: str, log) -> ObjectStore:
-    when = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
+def measure(fs: AbstractFileSystem, objects: Objects, cfg: ProbeConfig, shown: str,
+            log: Callable[[str], None]) -> ObjectStore:
+    when = datetime.now(UTC).replace(microsecond=0).isoformat()
     read = reader(fs)
     try:
         _timed_get(read, objects.small[0], objects.small_bytes)  # connection set-up is not latency

@@ -13,8 +13,9 @@ import numpy as np
 from PIL import Image
 
 from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.formats.interface import OpenFiles
 from trainfeed.training.reading import images
-from trainfeed.training.reading.readers import Store
+from trainfeed.training.reading.store import OpenedStore
 
 #: Samples the stages are measured over (whole pieces: at least this many).
 SAMPLES = 64
@@ -34,15 +35,15 @@ class StageCosts:
     pixel_bytes_per_sample: int
 
 
-def stage_costs(store: Store, samples: int = SAMPLES, seed: int = 0) -> StageCosts:
+def stage_costs(store: OpenedStore, samples: int = SAMPLES, seed: int = 0) -> StageCosts:
     """The CPU cost of each stage over the first pieces of ``store`` holding ``samples`` samples."""
-    listing, module = store.extra["listing"], store.module
+    listing, reader = store.listing, store.piece_reader
     pieces, n, read_s = [], 0, 0.0
     for piece in store.pieces:
         t0 = time.thread_time()
-        cols = module.read_piece(listing, piece, {})
+        cols = reader.read_piece(listing, piece, OpenFiles())
         read_s += time.thread_time() - t0
-        pieces.append((module.piece_file(piece), cols))
+        pieces.append((reader.piece_file(piece), cols))
         n += len(cols.ids)
         if n >= samples:
             break
@@ -78,5 +79,5 @@ def augmented(pixels: np.ndarray, sample_id: str, augment: images.Augment) -> np
     return out[:, ::-1] if flip else out
 
 
-def _nbytes(value) -> int:
+def _nbytes(value: object) -> int:
     return len(value) if isinstance(value, (bytes, bytearray, memoryview)) else int(np.asarray(value).nbytes)

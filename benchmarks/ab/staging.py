@@ -2,8 +2,8 @@
 cells will read it, with the reader options and connection budget every cell shares."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import numpy as np
 
@@ -17,8 +17,8 @@ from trainfeed.converters.formats.options import OpenOptions
 from trainfeed.converters.formats.registry import IN_PLACE
 from trainfeed.converters.sources.decode import ImageOptions
 from trainfeed.training.loops.plan import model_input_shape
-from trainfeed.training.reading.readers import EpochOptions, open_store
-from trainfeed.training.reading.store import Store
+from trainfeed.training.reading.readers import open_store
+from trainfeed.training.reading.store import EpochOptions, OpenedStore
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,8 @@ def store_variants(cfg: MatrixConfig, images: bool) -> dict[str, tuple[str, str 
             for name in cfg.stores for storage in (("encoded",) if name == IN_PLACE else cfg.image_storage)}
 
 
-def stage_stores(cfg: MatrixConfig, backend: Backend, log: Callable[[str], None]) -> tuple[list, dict, dict]:
+def stage_stores(cfg: MatrixConfig, backend: Backend, log: Callable[[str], None]) -> tuple[list[str], dict[str,
+                 Staged], dict[str, str]]:
     """Stage every store on the backend and open it as the cells will: the store names in
     order (``store_variants``), name -> Staged for those that open, name -> the redacted reason
     for those that do not (their cells fail, the others run). The compacted stores are
@@ -89,17 +90,18 @@ def stage_stores(cfg: MatrixConfig, backend: Backend, log: Callable[[str], None]
     return list(variants), opened, failed
 
 
-def model_shape(store: Store, channels: str | None = None) -> tuple[int, ...]:
+def model_shape(store: OpenedStore, channels: str | None = None) -> tuple[int, ...]:
     """The shape the models take the store's samples in, by train's own rule (an (H, W) sample
     gains a channel axis; channels first, as ``channels`` or the store says, are moved last; a
     shape no model takes, or one that looks channels-first unsaid, is refused), labeled or not:
     reading an unlabeled store is measured too, and a real-node cell, which trains, says labels
     are missing."""
     spec = replace(store.spec, channels=channels or store.spec.channels)
-    return model_input_shape(replace(store, spec=spec, schema=replace(store.schema, labeled=True)))
+    listing = replace(store.listing, spec=spec, schema=replace(store.schema, labeled=True))
+    return model_input_shape(replace(store, listing=listing))
 
 
-def _logged_stages(log: Callable[[str], None], name: str, store) -> StageCosts:
+def _logged_stages(log: Callable[[str], None], name: str, store: OpenedStore) -> StageCosts:
     costs = stage_costs(store)
     log(f"stages {name}: CPU per sample " + ", ".join(f"{s} {getattr(costs, s) * 1e3:.3f} ms" for s in STAGES)
         + f" ({costs.samples} samples)")
@@ -117,7 +119,7 @@ def reader_options(cfg: MatrixConfig, src: StoreSource) -> CellReading:
                                     shuffle_buffer=2 * cfg.batch_size, pool="arrow", drop_last=True))
 
 
-def connections(cfg: MatrixConfig, backend: Backend) -> dict:
+def connections(cfg: MatrixConfig, backend: Backend) -> dict[str, int | None]:
     """The connection budget every cell reads with, whatever the layout: ``workers`` reader
     threads and, on object storage or behind the emulation, ``io_concurrency`` range requests
     in flight for the whole reader. Local reads as they are have no request budget: None."""

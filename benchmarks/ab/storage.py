@@ -11,19 +11,23 @@ from __future__ import annotations
 import os
 import posixpath
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any
 
+from fsspec import AbstractFileSystem
+
+from trainfeed.benchmarks.ab.storagesim import EMULATED  # importing it registers emulated:// with fsspec
 from trainfeed.converters.convert import ConvertConfig, convert
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.formats.options import WriteOptions
 from trainfeed.converters.formats.registry import FORMATS
 from trainfeed.converters.redact import redact_url, register_storage_options
 from trainfeed.converters.sources.decode import ArrayOptions, ImageOptions
-from trainfeed.converters.storage.config import AZURE, S3
+from trainfeed.converters.storage.clouds import cloud_for
 from trainfeed.converters.storage.filesystems import is_local, open_fs
 from trainfeed.converters.storage.location import is_remote
 
@@ -39,7 +43,7 @@ class StoreSource:
     """Where a cell reads one store from, and how."""
 
     path: str
-    storage_options: dict
+    storage_options: dict[str, Any]
     fmt: str | None = None  # None: detected from the path
     labels_csv: str | None = None  # blob: the labels CSV, reached the way the files are
 
@@ -50,7 +54,7 @@ class Backend:
 
     kind: str  # "local", "azurite", or the URL's protocol (abfs, s3, ...)
     root: str  # local folder or URL under which the stores are staged
-    options: dict = field(default_factory=dict)  # storage options for ``root``
+    options: dict[str, Any] = field(default_factory=dict)  # storage options for ``root``
     profile: str | None = None  # latency emulation every read goes through; None: as is
 
     @property
@@ -68,7 +72,7 @@ class Backend:
         """Whether ``url`` is already there (an Azurite started for the run holds nothing yet)."""
         return self.kind != "azurite" and self.on(url)
 
-    def describe(self, url: str) -> dict:
+    def describe(self, url: str) -> dict[str, str | None]:
         """What a cell records of where it read from (no secrets: the URL without its query)."""
         return {"backend": self.kind, "url": url if self.kind == "local" else redact_url(url),
                 "profile": self.profile}
@@ -78,17 +82,16 @@ class Backend:
         profile is set (``emulated://``, whose options hold the backend's own)."""
         if not self.profile:
             return StoreSource(url, dict(self.options), fmt, labels_csv)
-        import trainfeed.benchmarks.ab.storagesim  # noqa: F401  registers emulated://
 
         opts = {"target": self.protocol, "profile": self.profile, "target_options": dict(self.options)}
-        return StoreSource(f"emulated://{path_of(url)}", opts, fmt, self._emulated_labels(labels_csv))
+        return StoreSource(f"{EMULATED}://{path_of(url)}", opts, fmt, self._emulated_labels(labels_csv))
 
     def _emulated_labels(self, labels_csv: str | None) -> str | None:
         """A labels CSV on this storage is read through the emulation, as the files are; one
         elsewhere (a local file beside remote stores) as it is."""
         if labels_csv is None or not self.on(labels_csv):
             return labels_csv
-        return f"emulated://{path_of(labels_csv)}"
+        return f"{EMULATED}://{path_of(labels_csv)}"
 
 
 def protocol_of(url: str) -> str:
@@ -96,8 +99,9 @@ def protocol_of(url: str) -> str:
 
 
 def _family(protocol: str) -> str:
-    """abfs, abfss and az name one storage (Azure Blob / ADLS), s3 and s3a another."""
-    return "azure" if protocol in AZURE else "s3" if protocol in S3 else protocol
+    """abfs, abfss and az name one storage (Azure Blob / ADLS), s3 and s3a another: one cloud."""
+    cloud = cloud_for(protocol)
+    return cloud.name if cloud is not None else protocol
 
 
 def path_of(url: str) -> str:
@@ -105,7 +109,7 @@ def path_of(url: str) -> str:
     return url.split("://", 1)[1].split("?", 1)[0] if is_remote(url) else os.path.abspath(url.removeprefix("file://"))
 
 
-def plan_backend(spec: str, out: Path, options: dict, profile: str | None) -> Backend:
+def plan_backend(spec: str, out: Path, options: dict[str, Any], profile: str | None) -> Backend:
     """``--storage-backend``: local (OUT/stores), azurite (started by ``open_backend``) or a URL
     (with ``options``, the --storage-option pairs)."""
     if spec == "local":
@@ -152,7 +156,7 @@ def _inside(path: str, folder: str) -> bool:
     return path.startswith(folder.rstrip("/") + "/")
 
 
-def stage_small_files(src: str, labels_csv: str | None, src_options: dict, backend: Backend,
+def stage_small_files(src: str, labels_csv: str | None, src_options: dict[str, Any], backend: Backend,
                       log: Callable[[str], None]) -> tuple[str, str | None]:
     """The small files on the backend: SRC itself when it is there, else a copy of it (the
     labels CSV follows when it is inside SRC). Returns (their URL, the labels CSV's)."""
@@ -200,7 +204,7 @@ def local_copy(url: str, backend: Backend, dest: Path) -> str:
     return str(dest)
 
 
-def copy_tree(src: str, src_options: dict, dst: str, dst_options: dict) -> tuple[int, int]:
+def copy_tree(src: str, src_options: dict[str, Any], dst: str, dst_options: dict[str, Any]) -> tuple[int, int]:
     """Copy a folder (or one file) from one storage to another, replacing what ``dst`` held;
     returns (files, bytes)."""
     sfs, sroot = open_fs(src, src_options)
@@ -219,10 +223,10 @@ def copy_tree(src: str, src_options: dict, dst: str, dst_options: dict) -> tuple
         raise TrainfeedError(f"{src}: cannot copy to {dst}: {exc}") from exc
 
 
-def _copy_file(sfs, sroot: str, path: str, dfs, droot: str) -> int:
+def _copy_file(sfs: AbstractFileSystem, sroot: str, path: str, dfs: AbstractFileSystem, droot: str) -> int:
     rel = posixpath.relpath(path, sroot)
     target = droot if rel == "." else posixpath.join(droot, rel)
-    data = sfs.cat_file(path)
+    data: bytes = sfs.cat_file(path)
     if is_local(dfs):
         dfs.makedirs(posixpath.dirname(target), exist_ok=True)
     dfs.pipe_file(target, data)

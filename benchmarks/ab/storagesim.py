@@ -23,6 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import asdict
+from typing import Any
 
 import fsspec
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
@@ -32,12 +33,14 @@ from trainfeed.benchmarks.model.profiles import ObjectStore, load_object_store
 from trainfeed.converters.storage.filesystems import filesystem, is_local
 
 GET, HEAD, LIST = "gets", "heads", "lists"
+#: The URL scheme of the emulated object store, registered with fsspec when this module is imported.
+EMULATED = "emulated"
 
 
 class _Client:
     """One client's connection pool and request counters (thread-safe)."""
 
-    def __init__(self, connections: int):
+    def __init__(self, connections: int) -> None:
         self.slots = threading.BoundedSemaphore(connections)
         self._lock = threading.Lock()
         self._in_flight = 0
@@ -60,7 +63,7 @@ class _Client:
             self._counts[kind] += 1
             self._bytes += nbytes
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
         with self._lock:
             return {"requests": sum(self._counts.values()), **self._counts, "bytes": self._bytes,
                     "peak_in_flight": self._peak}
@@ -75,12 +78,12 @@ def _client(key: str, connections: int) -> _Client:
         return _clients.setdefault(key, _Client(connections))
 
 
-class EmulatedFileSystem(AbstractFileSystem):
-    protocol = "emulated"
+class EmulatedFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec ships no types
+    protocol = EMULATED
     cachable = False  # the shared state lives in _clients, keyed across threads
 
     def __init__(self, target: str = "file", profile: str | ObjectStore = "azure-blob",
-                 target_options: dict | None = None, **kwargs):
+                 target_options: dict[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.target_protocol = target
         self.inner_options = dict(target_options or {})
@@ -90,19 +93,19 @@ class EmulatedFileSystem(AbstractFileSystem):
         self._client = _client(key, self.profile.max_concurrency)
 
     @classmethod
-    def _strip_protocol(cls, path):
+    def _strip_protocol(cls, path: Any) -> Any:
         if isinstance(path, list):
             return [cls._strip_protocol(p) for p in path]
         path = str(path)
-        return path[len("emulated://"):] if path.startswith("emulated://") else path
+        return path.removeprefix(f"{EMULATED}://")
 
     def inner_url(self, path: str) -> str:
         """The URL of the same object on the target (a local path for local files), for the
         clients that reach storage on their own (delta-rs)."""
-        path = self._strip_protocol(path)
+        path = str(self._strip_protocol(path))
         return path if is_local(self.target) else f"{self.target_protocol}://{path}"
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
         """Requests (gets, heads, lists), bytes returned and the most requests seen in flight,
         for this client since it was created or last reset."""
         return self._client.stats()
@@ -110,7 +113,7 @@ class EmulatedFileSystem(AbstractFileSystem):
     def reset_stats(self) -> None:
         self._client.reset()
 
-    def _request(self, kind: str, method: str, *args, **kwargs):
+    def _request(self, kind: str, method: str, *args: Any, **kwargs: Any) -> Any:
         """One request to the target, held to its modelled duration, on one of the client's connections."""
         with self._client.slots:
             self._client.begin()
@@ -126,33 +129,38 @@ class EmulatedFileSystem(AbstractFileSystem):
                     time.sleep(rest)
                 self._client.end(kind, nbytes)
 
-    def cat_file(self, path, start=None, end=None, **kwargs):
-        return self._request(GET, "cat_file", self._strip_protocol(path), start=start, end=end, **kwargs)
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
+        data: bytes = self._request(GET, "cat_file", self._strip_protocol(path), start=start, end=end, **kwargs)
+        return data
 
-    def info(self, path, **kwargs):
-        return self._request(HEAD, "info", self._strip_protocol(path), **kwargs)
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        info: dict[str, Any] = self._request(HEAD, "info", self._strip_protocol(path), **kwargs)
+        return info
 
-    def ls(self, path, detail=True, **kwargs):
-        return self._request(LIST, "ls", self._strip_protocol(path), detail=detail, **kwargs)
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
+        entries: list[Any] = self._request(LIST, "ls", self._strip_protocol(path), detail=detail, **kwargs)
+        return entries
 
-    def find(self, path, maxdepth=None, withdirs=False, detail=False, **kwargs):
+    def find(self, path: str, maxdepth: int | None = None, withdirs: bool = False, detail: bool = False,
+             **kwargs: Any) -> Any:
         return self._request(LIST, "find", self._strip_protocol(path), maxdepth=maxdepth, withdirs=withdirs,
                              detail=detail, **kwargs)
 
-    def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None, cache_type="none",
-              **kwargs):
+    def _open(self, path: str, mode: str = "rb", block_size: int | None = None, autocommit: bool = True,
+              cache_options: dict[str, Any] | None = None, cache_type: str = "none", **kwargs: Any) -> EmulatedFile:
         if mode != "rb":
-            raise PermissionError(f"emulated://{path}: the emulated object store is read-only")
+            raise PermissionError(f"{EMULATED}://{path}: the emulated object store is read-only")
         return EmulatedFile(self, path, mode, block_size or "default", cache_type=cache_type,
                             cache_options=cache_options, **kwargs)
 
 
-class EmulatedFile(AbstractBufferedFile):
+class EmulatedFile(AbstractBufferedFile):  # type: ignore[misc]  # fsspec ships no types
     """A read-only file whose every range read is one emulated GET (no read-ahead unless the
     caller asks for a cache type)."""
 
-    def _fetch_range(self, start, end):
-        return self.fs.cat_file(self.path, start=start, end=end)
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        data: bytes = self.fs.cat_file(self.path, start=start, end=end)
+        return data
 
 
-fsspec.register_implementation("emulated", EmulatedFileSystem, clobber=True)
+fsspec.register_implementation(EMULATED, EmulatedFileSystem, clobber=True)

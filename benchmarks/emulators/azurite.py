@@ -6,10 +6,12 @@ for a while, so stopping waits briefly and then kills it (see localserver.py).
 """
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 from trainfeed.benchmarks.emulators.localserver import LocalServer, launch
 
@@ -56,10 +58,8 @@ class Azurite(LocalServer):
         from azure.core.exceptions import ResourceExistsError
         from azure.storage.blob import BlobServiceClient
 
-        try:
+        with contextlib.suppress(ResourceExistsError):
             BlobServiceClient.from_connection_string(self.connection_string).create_container(name)
-        except ResourceExistsError:
-            pass
 
 
 def start(port: int | None = None, workdir: Path | None = None, timeout: float = 30.0) -> Azurite:
@@ -70,7 +70,7 @@ def start(port: int | None = None, workdir: Path | None = None, timeout: float =
                   name="Azurite", error=AzuriteError, port=port, workdir=workdir, timeout=timeout)
 
 
-def _exit_on_signal(signum, frame) -> None:
+def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(0)
 
 
@@ -98,10 +98,8 @@ def main() -> None:
               f"  --storage-option 'connection_string={server.connection_string}'\n"
               f"or export AZURE_STORAGE_CONNECTION_STRING='{server.connection_string}'\n"
               "Ctrl-C (or SIGTERM) stops it.", flush=True)
-        try:
+        with contextlib.suppress(KeyboardInterrupt):
             server.process.wait()
-        except KeyboardInterrupt:
-            pass
 
 
 if __name__ == "__main__":

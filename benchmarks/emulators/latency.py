@@ -19,7 +19,7 @@ import threading
 
 
 class LatencyRelay:
-    def __init__(self, upstream_port: int, delay: float, host: str = "127.0.0.1"):
+    def __init__(self, upstream_port: int, delay: float, host: str = "127.0.0.1") -> None:
         self.upstream = (host, upstream_port)
         self.delay = delay
         self.port = 0
@@ -69,7 +69,7 @@ class LatencyRelay:
     async def _delayed(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Client -> server: each chunk sent ``delay`` after it arrived."""
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
+        queue: asyncio.Queue[tuple[float, bytes | None]] = asyncio.Queue()
 
         async def send() -> None:
             while True:
@@ -109,8 +109,8 @@ class LatencyRelay:
         asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
         self._thread.join(5)
 
-    def __enter__(self) -> "LatencyRelay":
+    def __enter__(self) -> LatencyRelay:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -11,15 +11,17 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Self, TypeVar
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def port_open(port: int) -> bool:
@@ -31,7 +33,7 @@ def port_open(port: int) -> bool:
 @dataclass
 class LocalServer:
     port: int
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     workdir: Path
     owns_workdir: bool
 
@@ -51,10 +53,10 @@ class LocalServer:
         if self.owns_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
@@ -63,7 +65,7 @@ _Server = TypeVar("_Server", bound=LocalServer)
 
 def launch(cls: type[_Server], command: Callable[[int, Path], list[str]], *, name: str, error: type[Exception],
            port: int | None, workdir: Path | None, timeout: float, ready: Callable[[_Server], bool] | None = None,
-           env: dict | None = None) -> _Server:
+           env: dict[str, str] | None = None) -> _Server:
     """Start ``command(port, workdir)`` and wait until it listens (and ``ready(server)``);
     ``error`` says clearly why not: the port is taken, the process exited, or it never answered."""
     if port is not None and port_open(port):

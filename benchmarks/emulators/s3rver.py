@@ -12,6 +12,7 @@ import shutil
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 from trainfeed.benchmarks.emulators.azurite import REPO_ROOT
 from trainfeed.benchmarks.emulators.localserver import LocalServer, launch
@@ -51,7 +52,7 @@ def start(bucket: str, port: int | None = None, workdir: Path | None = None, tim
                   name="s3rver", error=S3rverError, port=port, workdir=workdir, timeout=timeout)
 
 
-def _exit_on_signal(signum, frame) -> None:
+def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(0)
 
 

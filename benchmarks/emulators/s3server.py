@@ -12,6 +12,7 @@ import sys
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from trainfeed.benchmarks.emulators.localserver import LocalServer, launch
 
@@ -32,7 +33,7 @@ class S3Server(LocalServer):
         return f"http://127.0.0.1:{self.port}"
 
     @property
-    def storage_options(self) -> dict:
+    def storage_options(self) -> dict[str, Any]:
         """fsspec/s3fs options for s3:// URLs against this server."""
         return {"key": ACCESS_KEY, "secret": SECRET_KEY, "endpoint_url": self.endpoint,
                 "client_kwargs": {"region_name": REGION}}
@@ -44,7 +45,7 @@ class S3Server(LocalServer):
         return [arg for k in ("key", "secret", "endpoint_url")
                 for arg in ("--storage-option", f"{k}={self.storage_options[k]}")]
 
-    def filesystem(self):
+    def filesystem(self) -> Any:
         """A fresh s3fs filesystem on this server (no instance cache, no listing cache)."""
         import s3fs
 

@@ -18,6 +18,7 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from trainfeed.benchmarks.synth import VOLUME_SHAPE, generate_volumes
 from trainfeed.converters.convert import ConvertConfig, convert
@@ -98,10 +99,10 @@ def main(argv: list[str] | None = None) -> None:
     print(summarize(records))
 
 
-def summarize(records: list[dict]) -> str:
+def summarize(records: list[dict[str, Any]]) -> str:
     """Per case and worker count: median MB/s of the conversion and of its paired raw copy,
     and the median (min-max) of the per-pair ratios."""
-    groups: dict[tuple[str, int], list[dict]] = {}
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in records:
         groups.setdefault((r["case"], r["workers"]), []).append(r)
     lines = [f"{'case':<16}{'workers':>8}{'MB/s':>8}{'raw MB/s':>10}{'vs raw (min-max)':>22}"]

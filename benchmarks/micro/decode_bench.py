@@ -34,9 +34,10 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -46,7 +47,8 @@ from trainfeed.converters.formats.options import OpenOptions, WriteOptions
 from trainfeed.converters.sources.decode import ImageOptions, parse_resize
 from trainfeed.training.metrics import environment
 from trainfeed.training.reading import images
-from trainfeed.training.reading.readers import EpochOptions, iter_batches, open_store
+from trainfeed.training.reading.readers import iter_batches, open_store
+from trainfeed.training.reading.store import EpochOptions
 from trainfeed.training.tensorflow_env import import_tensorflow
 
 
@@ -82,7 +84,9 @@ def generate(out: Path, count: int, size: tuple[int, int], seed: int = 0) -> int
 
 # ---------------------------------------------------------------- decoders (one image: bytes -> (H, W, 3))
 
-Decoder = Callable[[bytes, str, tuple, bool], np.ndarray]
+#: A crop box (left, top, right, bottom) in the image's pixels, as ``images.Augment.draw`` gives it.
+Box = tuple[float, float, float, float]
+Decoder = Callable[[bytes, str, Box, bool], np.ndarray]
 
 
 def reader_path(decoding: images.Decoding, augment: images.Augment) -> Decoder:
@@ -90,7 +94,7 @@ def reader_path(decoding: images.Decoding, augment: images.Augment) -> Decoder:
     return lambda data, sample_id, box, flip: images.decode(data, decoding, sample_id, sample_id, augment)
 
 
-def _finish(img: Image.Image, box: tuple, scale: tuple[float, float], size: tuple[int, int], flip: bool) -> np.ndarray:
+def _finish(img: Image.Image, box: Box, scale: tuple[float, float], size: tuple[int, int], flip: bool) -> np.ndarray:
     fx, fy = scale
     out = np.asarray(img.resize((size[1], size[0]), Image.Resampling.BILINEAR,
                                 box=(box[0] * fx, box[1] * fy, box[2] * fx, box[3] * fy)))
@@ -98,13 +102,13 @@ def _finish(img: Image.Image, box: tuple, scale: tuple[float, float], size: tupl
 
 
 def pillow_full(size: tuple[int, int]) -> Decoder:
-    def decode(data, sample_id, box, flip):
+    def decode(data: bytes, sample_id: str, box: Box, flip: bool) -> np.ndarray:
         with Image.open(io.BytesIO(data)) as img:
             return _finish(img.convert("RGB"), box, (1.0, 1.0), size, flip)
     return decode
 
 
-def _request(box: tuple, full: tuple[int, int], size: tuple[int, int]) -> tuple[int, int]:
+def _request(box: Box, full: tuple[int, int], size: tuple[int, int]) -> tuple[int, int]:
     """(height, width) the decode must keep for ``box`` to hold ``size`` pixels (as images.py asks draft)."""
     return (math.ceil(size[0] * full[0] / (box[3] - box[1])), math.ceil(size[1] * full[1] / (box[2] - box[0])))
 
@@ -118,7 +122,7 @@ def _pillow_scale(request: tuple[int, int], full: tuple[int, int]) -> int:
 def simplejpeg_decoder(size: tuple[int, int], full: tuple[int, int], same_scale: bool) -> Decoder:
     import simplejpeg
 
-    def decode(data, sample_id, box, flip):
+    def decode(data: bytes, sample_id: str, box: Box, flip: bool) -> np.ndarray:
         h, w = _request(box, full, size)
         if same_scale:  # at least the image's size at Pillow's scale gets exactly that scale
             scale = _pillow_scale((h, w), full)
@@ -131,17 +135,17 @@ def simplejpeg_decoder(size: tuple[int, int], full: tuple[int, int], same_scale:
 def tf_decoder(size: tuple[int, int], full: tuple[int, int]) -> Decoder:
     tf = import_tensorflow()
 
-    def decode(data, sample_id, box, flip):
+    def decode(data: bytes, sample_id: str, box: Box, flip: bool) -> np.ndarray:
         arr = tf.io.decode_jpeg(data, channels=3, ratio=_pillow_scale(_request(box, full, size), full))
         f = arr.shape[0] / full[0]
         top, left = int(box[1] * f), int(box[0] * f)
         crop = arr[top:max(top + 1, int(box[3] * f)), left:max(left + 1, int(box[2] * f))]
-        out = tf.cast(tf.image.resize(crop, size, antialias=True), tf.uint8).numpy()
+        out: np.ndarray = tf.cast(tf.image.resize(crop, size, antialias=True), tf.uint8).numpy()
         return out[:, ::-1] if flip else out
     return decode
 
 
-def time_decoder(decode: Decoder, samples: list[tuple[str, bytes, tuple, bool]]) -> dict:
+def time_decoder(decode: Decoder, samples: list[tuple[str, bytes, Box, bool]]) -> dict[str, Any]:
     decode(samples[0][1], samples[0][0], samples[0][2], samples[0][3])  # warm up (imports, first allocation)
     t0, c0 = time.perf_counter(), time.thread_time()
     for sample_id, data, box, flip in samples:
@@ -172,7 +176,7 @@ def ceiling(threads: int, seconds: float = 1.0) -> float:
     return round(rates[1] / rates[0], 2)
 
 
-def input_epoch(path: Path, fmt: str | None, workers: int, image_size: tuple[int, int] | None) -> dict:
+def input_epoch(path: Path, fmt: str | None, workers: int, image_size: tuple[int, int] | None) -> dict[str, Any]:
     """One augmented epoch of batches of 64 from the read engine; no model."""
     opts = EpochOptions(batch_size=64, workers=workers, seed=0, augment=True, drop_last=False)
     store = open_store(str(path), fmt, OpenOptions(image_size=image_size))
@@ -187,7 +191,7 @@ def input_epoch(path: Path, fmt: str | None, workers: int, image_size: tuple[int
 
 
 def run(args: argparse.Namespace, work: Path) -> None:
-    def emit(record: dict) -> None:
+    def emit(record: dict[str, Any]) -> None:
         print(json.dumps(record), flush=True)
 
     size, out_size = parse_resize(args.size), parse_resize(args.out_size, "--out-size")
@@ -201,15 +205,16 @@ def run(args: argparse.Namespace, work: Path) -> None:
 
     files = sorted(src.rglob("*.jpg"))
     augment = images.Augment(seed=0, epoch=0)
-    samples = []
+    samples: list[tuple[str, bytes, Box, bool]] = []
     for f in files:
         sample_id = f"{f.parent.name}/{f.stem}"
         box, flip = augment.draw(sample_id, size[1], size[0])
         samples.append((sample_id, f.read_bytes(), box, flip))
-    decoders = {"pillow": lambda: reader_path(images.Decoding(out_size, 3, "uint8", True, "first"), augment),
-                "pillow-full": lambda: pillow_full(out_size),
-                "simplejpeg-same-scale": lambda: simplejpeg_decoder(out_size, size, same_scale=True),
-                "simplejpeg": lambda: simplejpeg_decoder(out_size, size, same_scale=False)}
+    decoders: dict[str, Callable[[], Decoder]] = {
+        "pillow": lambda: reader_path(images.Decoding(out_size, 3, "uint8", True, "first"), augment),
+        "pillow-full": lambda: pillow_full(out_size),
+        "simplejpeg-same-scale": lambda: simplejpeg_decoder(out_size, size, same_scale=True),
+        "simplejpeg": lambda: simplejpeg_decoder(out_size, size, same_scale=False)}
     if args.tf:
         decoders["tf"] = lambda: tf_decoder(out_size, size)
     rates = {}

@@ -21,7 +21,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 PROG = "python -m trainfeed.benchmarks.micro.gpu_feed_bench"
 BUCKET = "bench"
@@ -51,7 +53,7 @@ def train_epochs(name: str, url: str, options: dict[str, str], args: argparse.Na
 
         def step(x: torch.Tensor, y: torch.Tensor) -> None:
             optimizer.zero_grad(set_to_none=True)
-            torch.nn.functional.binary_cross_entropy_with_logits(model(x)[:, 0], y).backward()
+            torch.autograd.backward(torch.nn.functional.binary_cross_entropy_with_logits(model(x)[:, 0], y))
             optimizer.step()
             if device.type == "cuda":
                 torch.cuda.synchronize()
@@ -84,7 +86,10 @@ def train_epochs(name: str, url: str, options: dict[str, str], args: argparse.Na
                 "median_wait_ms": round(1000 * statistics.median(waits), 2)}), flush=True)
 
 
-def _timed(batches, waits: list[float]):
+_T = TypeVar("_T")
+
+
+def _timed(batches: Iterator[_T], waits: list[float]) -> Iterator[_T]:
     """The batches, with the time each one was waited for appended to ``waits``."""
     while True:
         t0 = time.perf_counter()

@@ -43,9 +43,11 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import trainfeed
 from trainfeed.benchmarks.ab.hostload import ProcessesCPU
@@ -54,9 +56,11 @@ from trainfeed.benchmarks.emulators.latency import LatencyRelay
 from trainfeed.benchmarks.micro import io_summary, loader_rows
 from trainfeed.benchmarks.synth import generate_volumes
 from trainfeed.converters.formats.registry import FORMATS
-from trainfeed.converters.storage.fetch import PART_SIZE, flush_cache_writes
+from trainfeed.converters.storage.cache_writer import flush_cache_writes
+from trainfeed.converters.storage.fetch import PART_SIZE
 from trainfeed.converters.storage.filesystems import open_fs
 from trainfeed.converters.storage.location import locate
+from trainfeed.converters.storage.native import NativeFileSystem
 
 BUCKET = "bench"
 STORE_NAMES = {"parquet": "store.parquet", "delta": "store.delta", "hdf5": "store.h5"}
@@ -65,15 +69,15 @@ STORE_NAMES = {"parquet": "store.parquet", "delta": "store.delta", "hdf5": "stor
 class Meter:
     """Wall time and this process's CPU time (every thread, the native client's included)."""
 
-    def __enter__(self) -> "Meter":
+    def __enter__(self) -> Meter:
         self.wall, self.cpu, self.load = time.perf_counter(), time.process_time(), os.getloadavg()[0]
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.wall = time.perf_counter() - self.wall
         self.cpu = time.process_time() - self.cpu
 
-    def record(self, nbytes: int, **fields) -> dict:
+    def record(self, nbytes: int, **fields: Any) -> dict[str, Any]:
         return {**fields, "bytes": nbytes, "seconds": round(self.wall, 4),
                 "mb_per_s": round(nbytes / self.wall / 1e6, 1),
                 "cpu_s": round(self.cpu, 3), "cpu_s_per_gb": round(self.cpu / (nbytes / 1e9), 3),
@@ -84,7 +88,7 @@ def local_size(path: Path) -> int:
     return path.stat().st_size if path.is_file() else sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def floor_read(fs, objects: dict[str, int], concurrency: int) -> int:
+def floor_read(fs: NativeFileSystem, objects: dict[str, int], concurrency: int) -> int:
     """Every object read as ``PART_SIZE`` ranges, ``concurrency`` in flight; the bytes read."""
     ranges = [(path, start, min(size, start + PART_SIZE)) for path, size in objects.items()
               for start in range(0, size, PART_SIZE)]
@@ -92,13 +96,13 @@ def floor_read(fs, objects: dict[str, int], concurrency: int) -> int:
         return sum(pool.map(lambda r: len(fs.get_range(*r)), ranges))
 
 
-def epoch(url: str, options: dict, workers: int, lanes: int | None = None, **kwargs) -> int:
+def epoch(url: str, options: dict[str, Any], workers: int, lanes: int | None = None, **kwargs: Any) -> int:
     """One shuffled epoch (``lanes``: as ``store.batches`` takes it); the number of samples read."""
     store = trainfeed.open_store(url, storage_options=options, **kwargs)
     return sum(len(b.ids) for b in store.batches(batch_size=32, shuffle=True, seed=1, workers=workers, lanes=lanes))
 
 
-def _volume(reader) -> "object":
+def _volume(reader: Any) -> object:  # s3torchconnector ships no types
     """An s3torchconnector item (a readable object) as the tensor it holds."""
     import io
 
@@ -108,7 +112,8 @@ def _volume(reader) -> "object":
     return torch.from_numpy(np.load(io.BytesIO(reader.read())))
 
 
-def peer_epoch(kind: str, prefix_url: str, options: dict, method: str, workers: int) -> tuple[int, int, float]:
+def peer_epoch(kind: str, prefix_url: str, options: dict[str, Any], method: str, workers: int) -> tuple[int, int,
+               float]:
     """One epoch of AWS's s3torchconnector (``kind``: map or iterable) over the objects under
     ``prefix_url`` through a DataLoader: (samples, bytes, CPU-seconds of the worker processes)."""
     import s3torchconnector as s3t
@@ -130,21 +135,21 @@ def peer_epoch(kind: str, prefix_url: str, options: dict, method: str, workers: 
     return samples, nbytes, workers_cpu.children() - before
 
 
-def relayed(options: dict, server_port: int, relay_port: int) -> dict:
+def relayed(options: dict[str, Any], server_port: int, relay_port: int) -> dict[str, Any]:
     """The storage options with the server's port replaced by the relay's."""
     return {k: v.replace(f":{server_port}", f":{relay_port}") if isinstance(v, str) else v
             for k, v in options.items()}
 
 
-def run(args) -> list[dict]:
-    records: list[dict] = []
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
 
-    def emit(rec: dict) -> None:
+    def emit(rec: dict[str, Any]) -> None:
         records.append(rec)
         print(json.dumps(rec), flush=True)
 
     if args.loader_formats:
-        import torch.utils.data  # noqa: F401  imported before any cell is timed
+        import torch.utils.data  # imported before any cell is timed  # noqa: F401
     work = Path(tempfile.mkdtemp(prefix="trainfeed-io-bench-"))
     with ExitStack() as stack:
         stack.callback(shutil.rmtree, work, True)
@@ -162,12 +167,12 @@ def run(args) -> list[dict]:
                     emit({**rec, "server": "local", "latency_ms": 0, "format": fmt, "round": rnd})
         servers = {}
         if "azurite" in args.servers:
-            server = stack.enter_context(azurite.start())
-            server.create_container(BUCKET)
-            servers["azurite"] = ("abfs", server.storage_options, server.port)
+            blob_server = stack.enter_context(azurite.start())
+            blob_server.create_container(BUCKET)
+            servers["azurite"] = ("abfs", blob_server.storage_options, blob_server.port)
         if "s3rver" in args.servers:
-            server = stack.enter_context(s3rver.start(BUCKET))
-            servers["s3rver"] = ("s3", server.storage_options, server.port)
+            s3_server = stack.enter_context(s3rver.start(BUCKET))
+            servers["s3rver"] = ("s3", s3_server.storage_options, s3_server.port)
             # the peer takes its credentials from the environment, in every worker process (also
             # those of a forkserver started before it runs)
             os.environ["AWS_ACCESS_KEY_ID"] = os.environ["AWS_SECRET_ACCESS_KEY"] = s3rver.ACCESS_KEY
@@ -177,11 +182,10 @@ def run(args) -> list[dict]:
             for fmt in args.formats:
                 nbytes = local_size(local[fmt])
                 files = [local[fmt]] if local[fmt].is_file() else [f for f in local[fmt].rglob("*") if f.is_file()]
-                with Meter() as m:
-                    with ThreadPoolExecutor(4) as pool:
-                        list(pool.map(lambda f, fs=fs, fmt=fmt:
-                                      fs.put_file(str(f), f"{BUCKET}/raw-{fmt}/{f.relative_to(local[fmt].parent)}"),
-                                      files))
+                with Meter() as m, ThreadPoolExecutor(4) as pool:
+                    list(pool.map(lambda f, fs=fs, fmt=fmt:
+                                  fs.put_file(str(f), f"{BUCKET}/raw-{fmt}/{f.relative_to(local[fmt].parent)}"),
+                                  files))
                 emit(m.record(nbytes, kind="upload", server=name, format=fmt))
                 urls[fmt] = f"{scheme}://{BUCKET}/{STORE_NAMES[fmt]}"
                 with Meter() as m:
@@ -204,8 +208,8 @@ def run(args) -> list[dict]:
     return records
 
 
-def measure(args, name: str, scheme: str, options: dict, urls: dict, local: dict, work: Path, emit,
-            latency: int) -> None:
+def measure(args: argparse.Namespace, name: str, scheme: str, options: dict[str, Any], urls: dict[str, Any],
+            local: dict[str, Any], work: Path, emit: Callable[[dict[str, Any]], None], latency: int) -> None:
     """The rounds on one server, as reached through ``options`` (directly or through a relay)."""
     fs, _ = open_fs(f"{scheme}://{BUCKET}", options)
     server = {"server": name, "latency_ms": latency}
@@ -285,14 +289,14 @@ def _has_lance() -> bool:
 LANCE_URL = f"s3://{BUCKET}/store.lance"
 
 
-def lance_options(options: dict) -> dict:
+def lance_options(options: dict[str, Any]) -> dict[str, Any]:
     """The S3 server's storage options (fsspec's names) as Lance's (object_store's)."""
     return {"aws_access_key_id": options["key"], "aws_secret_access_key": options["secret"],
             "aws_endpoint": options["endpoint_url"], "aws_region": options.get("region_name", "us-east-1"),
             "allow_http": "true"}
 
 
-def write_lance(parquet_store: Path, options: dict) -> None:
+def write_lance(parquet_store: Path, options: dict[str, Any]) -> None:
     """The Parquet store's rows (id, label, the volume's bytes) as a Lance dataset on the server."""
     import lance
     import pyarrow as pa
@@ -303,7 +307,7 @@ def write_lance(parquet_store: Path, options: dict) -> None:
     lance.write_dataset(table, LANCE_URL, storage_options=lance_options(options), mode="overwrite")
 
 
-def lance_epoch(options: dict, shape: tuple[int, ...]) -> tuple[int, int]:
+def lance_epoch(options: dict[str, Any], shape: tuple[int, ...]) -> tuple[int, int]:
     """One epoch of the Lance dataset, in order, each batch's volumes as one float32 array: the
     samples and the bytes of its data files."""
     import lance

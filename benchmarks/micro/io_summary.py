@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
+from typing import Any
 
 from trainfeed.benchmarks.micro import loader_rows
 
 
-def summary(records: list[dict]) -> str:
-    def med(kind: str, key: str, **match) -> float:
+def summary(records: list[dict[str, Any]]) -> str:
+    def med(kind: str, key: str, **match: Any) -> float:
         vals = [r[key] for r in records if r["kind"] == kind and all(r.get(k) == v for k, v in match.items())]
         return statistics.median(vals) if vals else float("nan")
 
@@ -101,7 +103,7 @@ def summary(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def loader_summary(records: list[dict], med) -> list[str]:
+def loader_summary(records: list[dict[str, Any]], med: Callable[..., float]) -> list[str]:
     """The DataLoader rows: each cell's MB/s and CPU-s/GB, and their ratios to num_workers=0 (the
     same epoch, server and latency); with a cache, epoch 2's CPU-s/GB against store.batches'."""
     cells = sorted({(r["server"], r["latency_ms"], r["format"], r["kind"], r["method"], r["workers"]) for r in records

@@ -27,9 +27,10 @@ import json
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import h5py
 import pyarrow.parquet as pq
@@ -40,7 +41,8 @@ from trainfeed.converters.formats.options import OpenOptions, WriteOptions
 from trainfeed.converters.layout import ID, LABEL
 from trainfeed.converters.sources.decode import ArrayOptions
 from trainfeed.training.metrics import environment
-from trainfeed.training.reading.readers import EpochOptions, iter_batches, open_store
+from trainfeed.training.reading.readers import iter_batches, open_store
+from trainfeed.training.reading.store import EpochOptions
 
 MB = 10**6
 FORMATS = ("parquet", "delta", "hdf5", "blob")
@@ -67,7 +69,7 @@ def floor(fmt: str, path: Path, workers: int) -> tuple[float, float, int]:
     name = store.spec.name
     local = threading.local()
 
-    def handle(f: str, opener):
+    def handle(f: str, opener: Callable[[str], Any]) -> Any:
         handles = local.__dict__.setdefault("handles", {})
         return handles.get(f) or handles.setdefault(f, opener(f))
 
@@ -77,11 +79,11 @@ def floor(fmt: str, path: Path, workers: int) -> tuple[float, float, int]:
 
     def hdf5_unit(unit: tuple[str, int, int]) -> int:
         h5 = handle(unit[0], lambda f: h5py.File(f, "r"))
-        f, start, stop = unit
+        _f, start, stop = unit
         h5[ID][start:stop], h5[LABEL][start:stop], h5[name][start:stop]
         return stop - start
 
-    def blob_unit(unit) -> int:
+    def blob_unit(unit: Any) -> int:  # a blob piece: one file
         with open(unit.path, "rb") as fh:
             fh.read()
         return 1
@@ -162,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     print(summarize(records))
 
 
-def summarize(records: list[dict]) -> str:
+def summarize(records: list[dict[str, Any]]) -> str:
     lines = [f"{'format':<10}{'engine MB/s':>12}{'floor MB/s':>12}{'vs floor':>10}{'CPU s/GB':>10}"
              f"{'floor CPU s/GB':>16}{'CPU vs floor':>14}   (medians of pairs)"]
     fixed = [r for r in records if "variant" not in r]

@@ -20,18 +20,25 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Any
 
 import trainfeed
 from trainfeed.benchmarks.ab.hostload import ProcessesCPU
+
+if TYPE_CHECKING:
+    from multiprocessing.queues import Queue
+
+    import numpy as np
+    import torch
 
 #: Worker counts measured under fork; the other start methods are measured with this many.
 WORKERS = (1, 2, 4)
 OTHER_METHODS_WORKERS = 2
 
 
-def _epoch(batches, cpu: ProcessesCPU) -> dict:
+def _epoch(batches: Iterable[tuple[torch.Tensor, torch.Tensor]], cpu: ProcessesCPU) -> dict[str, Any]:
     """One epoch: samples, bytes, seconds and CPU-seconds, whole and from its first batch on
     (before it: the workers' start and the first windows' reads)."""
     c0, t0 = cpu.seconds(), time.perf_counter()
@@ -55,8 +62,8 @@ def _epoch(batches, cpu: ProcessesCPU) -> dict:
             "load_1m": round(os.getloadavg()[0], 2)}
 
 
-def _cell(url: str, options: dict, samples: int, kind: str, method: str, n: int, cache: str | None, batch_size: int,
-          out) -> None:
+def _cell(url: str, options: dict[str, Any], samples: int, kind: str, method: str, n: int, cache: str | None,
+          batch_size: int, out: Queue[dict[str, Any] | None]) -> None:
     """One cell in a process of its own (what a training process starts from: nothing warmed by
     earlier cells), two epochs; the records go to ``out``."""
     from torch.utils.data import DataLoader
@@ -76,14 +83,15 @@ def _cell(url: str, options: dict, samples: int, kind: str, method: str, n: int,
     if cache is not None:  # store.batches' epoch 2 from the same cache: the reference for the cache's target
         rec = _epoch(_as_tensors((b.x, b.y) for b in store.batches(batch_size, seed=1, epoch=2)), cpu)
         out.put({"kind": "store_batches_cache", "epoch": 2, **cell, **rec})
-        from trainfeed.converters.storage.fetch import flush_cache_writes
+        from trainfeed.converters.storage.cache_writer import flush_cache_writes
 
         flush_cache_writes()
     out.put(None)
 
 
-def rows(url: str, options: dict, samples: int, work: Path, methods: tuple[str, ...] = ("fork", "forkserver", "spawn"),
-         workers: tuple[int, ...] = WORKERS, batch_size: int = 32) -> Iterator[dict]:
+def rows(url: str, options: dict[str, Any], samples: int, work: Path, methods: tuple[str, ...] = ("fork",
+         "forkserver", "spawn"),
+         workers: tuple[int, ...] = WORKERS, batch_size: int = 32) -> Iterator[dict[str, Any]]:
     """The DataLoader rows for the store at ``url``: two epochs of each cell, each cell in a
     fresh process (spawned: the bench's own state is not inherited)."""
     import multiprocessing
@@ -111,7 +119,8 @@ def rows(url: str, options: dict, samples: int, work: Path, methods: tuple[str, 
             shutil.rmtree(cache, ignore_errors=True)
 
 
-def _rank_epochs(rank: int, world: int, url: str, options: dict, out) -> None:
+def _rank_epochs(rank: int, world: int, url: str, options: dict[str, Any],
+                 out: Queue[tuple[int, int, int, float, float]]) -> None:
     """One rank of ``world``, reading its part of two epochs in trainfeed's threads."""
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world)
     store = trainfeed.open_store(url, storage_options=options, io_concurrency=8)
@@ -124,7 +133,7 @@ def _rank_epochs(rank: int, world: int, url: str, options: dict, out) -> None:
         out.put((rank, epoch, nbytes, time.perf_counter() - t0, time.process_time() - c0))
 
 
-def rank_rows(url: str, options: dict, worlds: tuple[int, ...] = (1, 2)) -> Iterator[dict]:
+def rank_rows(url: str, options: dict[str, Any], worlds: tuple[int, ...] = (1, 2)) -> Iterator[dict[str, Any]]:
     """W ranks on this machine, each reading its part of every global batch (issue #30's
     throughput target: their aggregate MB/s against one rank's): per epoch, the bytes all ranks
     delivered over the slowest rank's time, and their CPU-seconds per GB together."""
@@ -148,14 +157,15 @@ def rank_rows(url: str, options: dict, worlds: tuple[int, ...] = (1, 2)) -> Iter
                    "load_1m": round(os.getloadavg()[0], 2)}
 
 
-def _as_tensors(batches: Iterator) -> Iterator:
+def _as_tensors(batches: Iterator[tuple[np.ndarray, np.ndarray]]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     import torch
 
     for x, y in batches:
         yield torch.from_numpy(x), torch.from_numpy(y)
 
 
-def _lance_cell(url: str, storage_options: dict, shape: tuple[int, ...], samples: int, n: int, out) -> None:
+def _lance_cell(url: str, storage_options: dict[str, Any], shape: tuple[int, ...], samples: int, n: int,
+                out: Queue[dict[str, Any] | None]) -> None:
     """Lance's own PyTorch dataset (``lance.torch.data.LanceDataset``, batches of 32, in order)
     through a DataLoader with ``n`` workers, two epochs, in a process of its own."""
     import numpy as np
@@ -163,7 +173,7 @@ def _lance_cell(url: str, storage_options: dict, shape: tuple[int, ...], samples
     from lance.torch.data import LanceDataset
     from torch.utils.data import DataLoader
 
-    def to_tensor(batch, **_):
+    def to_tensor(batch: Any, **_: Any) -> tuple[torch.Tensor, torch.Tensor]:  # batch: a pyarrow RecordBatch
         column = batch.column("volume")
         x = np.frombuffer(column.buffers()[2], np.float32)[:len(column) * int(np.prod(shape))]
         return torch.from_numpy(x.reshape(-1, *shape)), torch.from_numpy(batch.column("label").to_numpy())
@@ -181,7 +191,8 @@ def _lance_cell(url: str, storage_options: dict, shape: tuple[int, ...], samples
     out.put(None)
 
 
-def lance_rows(url: str, storage_options: dict, shape: tuple[int, ...], samples: int) -> Iterator[dict]:
+def lance_rows(url: str, storage_options: dict[str, Any], shape: tuple[int, ...], samples: int) -> Iterator[dict[str,
+               Any]]:
     """The peer's rows beside ours: Lance's dataset through 0 and 2 workers, each in a fresh process."""
     import multiprocessing
 

@@ -23,17 +23,21 @@ JSON lines to stdout, progress and a summary table to stderr:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from trainfeed.benchmarks.ab.storagesim import EmulatedFileSystem
 from trainfeed.benchmarks.emulators import azurite
 from trainfeed.benchmarks.model.profiles import (
+    ObjectStore,
     bound_mb_per_s,
     calibration_key,
     load_accelerator,
@@ -49,7 +53,8 @@ from trainfeed.converters.formats.options import OpenOptions
 from trainfeed.converters.redact import redact, register_storage_options
 from trainfeed.converters.storage.filesystems import filesystem
 from trainfeed.training.metrics import environment
-from trainfeed.training.reading.readers import EpochOptions, iter_batches, open_store
+from trainfeed.training.reading.readers import iter_batches, open_store
+from trainfeed.training.reading.store import EpochOptions
 
 MB = 10**6
 LAYOUTS = ("blob", "parquet", "delta", "hdf5")
@@ -63,7 +68,7 @@ def log(message: str) -> None:
     print(redact(message), file=sys.stderr, flush=True)
 
 
-def emit(record: dict) -> None:
+def emit(record: dict[str, Any]) -> None:
     print(json.dumps(record), flush=True)
 
 
@@ -74,31 +79,31 @@ class Backend:
     name: str
     target: str  # fsspec protocol of the storage
     root: str  # local folder, or container
-    options: dict
+    options: dict[str, Any]
 
     def url(self, rel: str) -> str:
         """The URL convert writes to (a local path for local files)."""
         return f"{self.root}/{rel}" if self.target == "file" else f"{self.target}://{self.root}/{rel}"
 
-    def emulated(self, rel: str, profile: Path) -> tuple[str, dict]:
+    def emulated(self, rel: str, profile: Path) -> tuple[str, dict[str, Any]]:
         """URL and storage options of ``rel`` read through the emulation."""
         return (f"emulated://{self.root}/{rel}",
                 {"target": self.target, "profile": str(profile), "target_options": self.options})
 
 
-def stats_of(options: dict) -> EmulatedFileSystem:
+def stats_of(options: dict[str, Any]) -> EmulatedFileSystem:
     """A handle on the emulated client the reader uses (same options: same pool and counters)."""
     return EmulatedFileSystem(options["target"], options["profile"], options["target_options"])
 
 
-def reader_options(connections: int, storage_options: dict, labels: str | None, batch_size: int,
+def reader_options(connections: int, storage_options: dict[str, Any], labels: str | None, batch_size: int,
                    cache_dir: str | None = None) -> tuple[OpenOptions, EpochOptions]:
     return (OpenOptions(io_concurrency=connections, labels=labels, storage_options=storage_options,
                         cache_dir=cache_dir),
             EpochOptions(batch_size=batch_size, drop_last=False))
 
 
-def read_epoch(url: str, layout: str, options: tuple[OpenOptions, EpochOptions], epoch: int = 0) -> dict:
+def read_epoch(url: str, layout: str, options: tuple[OpenOptions, EpochOptions], epoch: int = 0) -> dict[str, Any]:
     """One epoch: seconds, samples and tensor bytes delivered; with the emulation's request counts."""
     open_options, opts = options
     t0 = time.perf_counter()
@@ -123,7 +128,7 @@ def read_epoch(url: str, layout: str, options: tuple[OpenOptions, EpochOptions],
     return out
 
 
-def with_bound(rec: dict, profile, connections: int) -> dict:
+def with_bound(rec: dict[str, Any], profile: ObjectStore, connections: int) -> dict[str, Any]:
     req = rec["requests"]
     mean_request = req["bytes"] / max(1, req["requests"])
     bound = bound_mb_per_s(profile, connections, mean_request)
@@ -133,7 +138,7 @@ def with_bound(rec: dict, profile, connections: int) -> dict:
 
 
 class Bench:
-    def __init__(self, args, work: Path, stack: ExitStack):
+    def __init__(self, args: argparse.Namespace, work: Path, stack: ExitStack) -> None:
         self.args, self.work = args, work
         self.profile = load_object_store(args.profile)
         self.src = self._dataset()
@@ -142,7 +147,7 @@ class Bench:
                                                                f"{'.h5' if fmt == 'hdf5' else ''}"))
                              for fmt in args.layouts if fmt != "blob"}
         self.backends = [self._backend(name, stack) for name in args.backends]
-        self.results: dict[tuple, dict] = {}
+        self.results: dict[tuple[str, str, int], dict[str, Any]] = {}
         self.placed: set[tuple[str, str]] = set()  # (backend, layout) converted onto a remote backend
         self.env = environment()
 
@@ -155,7 +160,7 @@ class Bench:
             generate_volumes(src, self.args.count, shape=shape, seed=self.args.seed)
         return src
 
-    def _convert(self, fmt: str, dst: str, storage_options: dict | None = None) -> str:
+    def _convert(self, fmt: str, dst: str, storage_options: dict[str, Any] | None = None) -> str:
         """The store at ``dst`` (converted once; a local store is kept across runs)."""
         if "://" in dst or not Path(dst).exists():
             log(f"converting {self.src} -> {dst}")
@@ -185,7 +190,7 @@ class Bench:
             self.placed.add((backend.name, layout))
         return name
 
-    def budget(self, connections: int):
+    def budget(self, connections: int) -> ObjectStore:
         """The profile for a client of ``connections`` connections (never more than the profile allows)."""
         return replace(self.profile, max_concurrency=min(connections, self.profile.max_concurrency))
 
@@ -194,7 +199,7 @@ class Bench:
         save_object_store(self.budget(connections), path)
         return path
 
-    def measure(self, backend: Backend, layout: str, connections: int) -> dict:
+    def measure(self, backend: Backend, layout: str, connections: int) -> dict[str, Any]:
         key = (backend.name, layout, connections)
         if key not in self.results:
             url, options = backend.emulated(self.rel(backend, layout), self.profile_for(connections))
@@ -204,7 +209,7 @@ class Bench:
             self.results[key] = with_bound(rec, self.budget(connections), connections)
         return self.results[key]
 
-    def cell(self, kind: str, fields: dict, run) -> dict | None:
+    def cell(self, kind: str, fields: dict[str, Any], run: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
         """One measurement as one JSON line: its figures, or the error that stopped it."""
         base = {"bench": "remote", "kind": kind, **fields, "profile": self.profile.name,
                 "profile_kind": self.profile.kind}
@@ -218,23 +223,24 @@ class Bench:
 
     # --------------------------------------------------------------- the three parts
 
-    def epochs(self) -> list[dict]:
-        out = []
+    def epochs(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
         for backend in self.backends:
             for layout in self.args.layouts:
                 for c in self.args.connections:
                     log(f"{backend.name} {layout}: one epoch at {c} connections")
                     rec = self.cell("epoch", {"backend": backend.name, "layout": layout, "connections": c},
-                                    lambda backend=backend, layout=layout, c=c: self.measure(backend, layout, c))
+                                    functools.partial(self.measure, backend, layout, c))
                     out += [rec] if rec else []
         return out
 
-    def cached_epochs(self) -> list[dict]:
+    def cached_epochs(self) -> list[dict[str, Any]]:
         """Epoch 2 from the reader's cache (epoch 1 fills it) against a local-disk read of the same store."""
-        out, c = [], max(self.args.connections)
+        out: list[dict[str, Any]] = []
+        c = max(self.args.connections)
         for backend in self.backends:
             for layout in (x for x in self.args.layouts if x != "blob"):
-                def run(backend=backend, layout=layout):
+                def run(backend: Backend = backend, layout: str = layout) -> dict[str, Any]:
                     cache = self.work / f"cache-{backend.name}-{layout}"
                     shutil.rmtree(cache, ignore_errors=True)
                     url, options = backend.emulated(self.rel(backend, layout), self.profile_for(c))
@@ -252,17 +258,17 @@ class Bench:
                 out += [rec] if rec else []
         return out
 
-    def utilisation(self) -> list[dict]:
+    def utilisation(self) -> list[dict[str, Any]]:
         """AU an emulated accelerator would reach fed by the Delta reader at each budget."""
         if "delta" not in self.args.layouts:
             return []
         backend, out = self.backends[0], []
-        steps = {}
+        steps: dict[str, tuple[float, str]] = {}
         for c in self.args.au_connections:
-            def run(c=c):
+            def run(c: int = c) -> dict[str, Any]:
                 rec = self.measure(backend, "delta", c)
                 shape = tuple(rec["sample_shape"])
-                rows = {}
+                rows: dict[str, dict[str, Any]] = {}
                 for name in self.args.accelerators:
                     if name not in steps:
                         flops = model_flops(shape, self.args.width) * self.args.batch_size
@@ -281,7 +287,7 @@ class Bench:
         return out
 
 
-def summarize(epochs: list[dict], cached: list[dict], au: list[dict]) -> str:
+def summarize(epochs: list[dict[str, Any]], cached: list[dict[str, Any]], au: list[dict[str, Any]]) -> str:
     lines = [f"{'backend':<9}{'layout':<9}{'conns':>6}{'MB/s':>9}{'storage MB/s':>14}{'bound MB/s':>12}"
              f"{'vs bound':>10}{'requests':>10}{'mean request':>14}"]
     for r in epochs:
@@ -308,7 +314,7 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def _names(choices):
+def _names(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
     def parse(text: str) -> list[str]:
         names = [x.strip() for x in text.split(",") if x.strip()]
         bad = [x for x in names if choices and x not in choices]

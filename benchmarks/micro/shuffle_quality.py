@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 import numpy as np
 
 from trainfeed.training.reading.order import EpochOrder, default_lanes
 
 
-def metrics(batches: list[np.ndarray], piece_of: np.ndarray, label_of: np.ndarray) -> dict:
+def metrics(batches: list[np.ndarray], piece_of: np.ndarray, label_of: np.ndarray) -> dict[str, Any]:
     pieces = [len(set(piece_of[b].tolist())) for b in batches]
     shares = np.array([label_of[b].mean() for b in batches])
     centred = shares - shares.mean()
@@ -35,7 +36,7 @@ def metrics(batches: list[np.ndarray], piece_of: np.ndarray, label_of: np.ndarra
             "batch_autocorrelation": round(auto, 4)}
 
 
-def run(args) -> list[dict]:
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = [args.rows] * (args.pieces - 1) + [max(1, args.samples - args.rows * (args.pieces - 1))]
     samples = sum(rows)
     piece_of = np.repeat(np.arange(len(rows)), rows)

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable, TypedDict
+from typing import TypedDict
 
 from trainfeed.benchmarks.model.catalog import DbuRate, Instance
 from trainfeed.benchmarks.model.cost import (
@@ -29,7 +30,8 @@ from trainfeed.benchmarks.model.noise import level
 from trainfeed.benchmarks.model.profiles import Accelerator, ObjectStore
 from trainfeed.benchmarks.model.projection import Device, Feed, Layout, Loader, Machine, feed
 from trainfeed.benchmarks.model.remedies import Remedy, remedies
-from trainfeed.benchmarks.model.scenario import Scenario
+from trainfeed.benchmarks.model.scenario import Scenario, ScenarioNode
+from trainfeed.benchmarks.records import ProjectionRow, Record
 
 
 @dataclass(frozen=True)
@@ -60,9 +62,9 @@ class HeadlineNode:
 
     node: str
     machine: Machine
-    rows: list[dict]
+    rows: list[ProjectionRow]
     instance: str | None = None
-    project: Callable[[Machine], list[dict]] | None = None
+    project: Callable[[Machine], list[ProjectionRow]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +102,7 @@ class Advice:
     plan: Plan
     options: list[Option]
     headline: list[HeadlineNode]
-    projections: dict[str, list[dict]]
+    projections: dict[str, list[ProjectionRow]]
     feeds: list[DeviceFeeds]
     remedies: dict[str, list[Remedy]]
     recommendation: Recommendation | None
@@ -109,7 +111,7 @@ class Advice:
     layouts: dict[str, Layout]
 
 
-def plan_for(cells: list[dict], workload: Workload, baseline: Loader | None = None,
+def plan_for(cells: list[Record], workload: Workload, baseline: Loader | None = None,
              scenario: Scenario | None = None) -> Plan:
     """The plan of a report: the scenario's storage and loaders, else the cells' own (the
     latency profile they were measured through, trainfeed's reader as configured)."""
@@ -131,7 +133,7 @@ def options(plan: Plan, stores: list[str]) -> list[Option]:
     return out
 
 
-def calibrated(cells: list[dict]) -> dict[str, Accelerator]:
+def calibrated(cells: list[Record]) -> dict[str, Accelerator]:
     """Accelerator profiles measured by `calibrate` that cells ran with, by name: they replace the
     estimate in every catalog row of that GPU."""
     found = {}
@@ -142,7 +144,7 @@ def calibrated(cells: list[dict]) -> dict[str, Accelerator]:
     return found
 
 
-def node_machine(cells: list[dict], node: str) -> Machine | None:
+def node_machine(cells: list[Record], node: str) -> Machine | None:
     """A measured node as the model sees it: this machine's vCPUs and the node's device."""
     mine = [c for c in cells if c["kind"] == "cell" and c["node"] == node]
     if not mine:
@@ -160,7 +162,7 @@ def node_machine(cells: list[dict], node: str) -> Machine | None:
     return Machine(name, cores, device)
 
 
-def build_advice(cells: list[dict], catalog: list[Instance], dbu: dict[str, DbuRate], plan: Plan,
+def build_advice(cells: list[Record], catalog: list[Instance], dbu: dict[str, DbuRate], plan: Plan,
                  stores: list[str]) -> Advice:
     accelerators = calibrated(cells)
     layouts = {s: layout for s in stores if (layout := store_layout(cells, s)) is not None}
@@ -186,7 +188,7 @@ def build_advice(cells: list[dict], catalog: list[Instance], dbu: dict[str, DbuR
                 continue
             machine = machine_of_instance(inst, cells, accs, n.cpu_speed)
             if machine is not None:
-                def rows(m: Machine, inst=inst, n=n) -> list[dict]:
+                def rows(m: Machine, inst: Instance = inst, n: ScenarioNode = n) -> list[ProjectionRow]:
                     return [projection_row(m, layouts[o.store], o.loader, plan.storage, batch,
                                            plan.workload, inst, cpu_speed=n.cpu_speed, dbu=dbu.get(inst.cloud),
                                            repeats=repeats[o.store])
@@ -216,7 +218,7 @@ def build_advice(cells: list[dict], catalog: list[Instance], dbu: dict[str, DbuR
                   layouts=layouts)
 
 
-def feeds(cells: list[dict], catalog: list[Instance], plan: Plan, opts: list[Option], headline: list[HeadlineNode],
+def feeds(cells: list[Record], catalog: list[Instance], plan: Plan, opts: list[Option], headline: list[HeadlineNode],
           accelerators: dict[str, Accelerator]) -> list[DeviceFeeds]:
     """Per GPU (the headline's, then each GPU of the catalog that has a profile): what feeding one
     of it at its own rate from the plan's storage takes with each option: GB/s, and the vCPUs
@@ -380,4 +382,4 @@ def significant(value: float, digits: int = 2) -> float:
     """``value`` rounded to ``digits`` significant figures."""
     if value == 0 or not math.isfinite(value):
         return value
-    return round(value, digits - 1 - int(math.floor(math.log10(abs(value)))))
+    return round(value, digits - 1 - math.floor(math.log10(abs(value))))

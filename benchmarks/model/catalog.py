@@ -11,6 +11,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, TypeVar, overload
 
 from trainfeed.converters.errors import TrainfeedError
 
@@ -53,16 +54,25 @@ class DbuRate:
     source: str
 
 
+_Number = TypeVar("_Number", int, float)
+
+
 class _Row:
     """One CSV row and where it is, so that every bad cell is reported as file, line and column."""
 
-    def __init__(self, path: Path, line: int, cells: dict[str, str | None]):
+    def __init__(self, path: Path, line: int, cells: dict[str, str | None]) -> None:
         self.path, self.line, self.cells = path, line, cells
 
     def text(self, column: str) -> str:
         return (self.cells.get(column) or "").strip()
 
-    def number(self, column: str, kind=float, *, required: bool = False):
+    @overload
+    def number(self, column: str, kind: type[_Number], *, required: Literal[True]) -> _Number: ...
+
+    @overload
+    def number(self, column: str, kind: type[_Number], *, required: Literal[False] = False) -> _Number | None: ...
+
+    def number(self, column: str, kind: type[_Number], *, required: bool = False) -> _Number | None:
         value = self.text(column)
         if value == "":
             if required:
@@ -104,12 +114,12 @@ def load_catalog(path: Path = CATALOG) -> tuple[list[Instance], list[str]]:
         if not r.text("instance"):
             raise TrainfeedError(f"{path}, line {r.line}: column 'instance' is required")
         inst = Instance(cloud=r.text("cloud"), region=r.text("region"), name=r.text("instance"),
-                        vcpus=r.number("vcpus", int, required=True), ram_gib=r.number("ram_gib") or 0.0,
+                        vcpus=r.number("vcpus", int, required=True), ram_gib=r.number("ram_gib", float) or 0.0,
                         gpus=r.number("gpus", int) or 0, gpu_model=r.text("gpu_model"),
-                        gpu_mem_gib=r.number("gpu_mem_gib"), network_gbps=r.number("network_gbps"),
-                        on_demand=r.number("on_demand_usd_per_h"), spot=r.number("spot_usd_per_h"),
+                        gpu_mem_gib=r.number("gpu_mem_gib", float), network_gbps=r.number("network_gbps", float),
+                        on_demand=r.number("on_demand_usd_per_h", float), spot=r.number("spot_usd_per_h", float),
                         price_date=r.text("price_date"), source=r.text("source"),
-                        dbu_per_hour=r.number("dbu_per_hour"))
+                        dbu_per_hour=r.number("dbu_per_hour", float))
         if inst.on_demand is None:
             notes.append(f"{path.name}, line {r.line} ({inst.cloud} {inst.name}): no on-demand price; "
                          "time projected, cost not")
@@ -125,7 +135,7 @@ def load_dbu_rates(path: Path = DBU_RATES) -> list[DbuRate]:
             if not r.text(column):
                 raise TrainfeedError(f"{path}, line {r.line}: column {column!r} is required")
         out.append(DbuRate(r.text("cloud"), r.text("plan"), r.text("workload"),
-                           r.number("usd_per_dbu", required=True), r.text("date"), r.text("source")))
+                           r.number("usd_per_dbu", float, required=True), r.text("date"), r.text("source")))
     return out
 
 
@@ -142,7 +152,7 @@ def hourly_cost(inst: Instance, *, spot: bool = False, dbu: DbuRate | None = Non
     return vm + inst.dbu_per_hour * dbu.usd_per_dbu
 
 
-def _cell(value) -> str:
+def _cell(value: object) -> str:
     if value is None:
         return ""
     if isinstance(value, float) and value.is_integer():

@@ -17,6 +17,7 @@ from trainfeed.benchmarks.model.measured import device_of, layout_of
 from trainfeed.benchmarks.model.noise import spread
 from trainfeed.benchmarks.model.profiles import ACCELERATORS, Accelerator, ObjectStore, calibration_key, step_seconds
 from trainfeed.benchmarks.model.projection import COMPUTE, Device, Layout, Loader, Machine, Projection, feed, project
+from trainfeed.benchmarks.records import ProjectionRow, Record
 
 GPU_PROFILES = {"NVIDIA T4": "t4", "NVIDIA V100": "v100", "NVIDIA A10G": "a10g", "NVIDIA A100": "a100",
                 "NVIDIA H100": "h100"}
@@ -47,7 +48,7 @@ class Spot:
         return seconds * (1 + self.interruptions_per_hour * self.restart_s / 3600)
 
 
-def store_layout(cells: list[dict], store: str) -> Layout | None:
+def store_layout(cells: list[Record], store: str) -> Layout | None:
     """One store's per-sample read cost: the median over its measured cells (every cell read
     the store through the same reader)."""
     layouts = [layout_of(c) for c in cells if c["kind"] == "cell" and c["store"] == store]
@@ -59,14 +60,15 @@ def store_layout(cells: list[dict], store: str) -> Layout | None:
                   statistics.median(x.dataset_bytes_per_sample for x in layouts))
 
 
-def repeat_layouts(cells: list[dict], store: str) -> list[Layout]:
+def repeat_layouts(cells: list[Record], store: str) -> list[Layout]:
     """The store's layout from each repeat's cells alone, one per repeat that measured it: what
     ``noise.spread`` projects to see how far a projection moves between repeats."""
     repeats = dict.fromkeys(c["repeat"] for c in cells if c["kind"] == "cell" and c["store"] == store)
     return [lay for k in repeats if (lay := store_layout([c for c in cells if c["repeat"] == k], store))]
 
 
-def gpu_device(model: str, count: int, cell: dict, accelerators: dict[str, Accelerator] | None = None) -> Device | None:
+def gpu_device(model: str, count: int, cell: Record, accelerators: dict[str,
+               Accelerator] | None = None) -> Device | None:
     """``count`` GPUs of ``model`` computing the cell's step: the profile's calibrated step time
     for this shape and batch, else its estimate. None for a GPU without a profile."""
     name = GPU_PROFILES.get(model)
@@ -78,7 +80,7 @@ def gpu_device(model: str, count: int, cell: dict, accelerators: dict[str, Accel
     return Device(name, count, step_s, how)
 
 
-def cpu_device(cells: list[dict]) -> Device | None:
+def cpu_device(cells: list[Record]) -> Device | None:
     """This machine's CPU as a device: CPU-seconds of one training step, measured (the median
     over the CPU cells; None when no cell ran on the CPU)."""
     devices = [device_of(c) for c in cells if c["kind"] == "cell" and c["node"] == "cpu"]
@@ -87,7 +89,7 @@ def cpu_device(cells: list[dict]) -> Device | None:
     return Device("cpu", 0, statistics.median(d.step_s for d in devices), devices[0].how)
 
 
-def machine_of_instance(inst: Instance, cells: list[dict], accelerators: dict[str, Accelerator] | None = None,
+def machine_of_instance(inst: Instance, cells: list[Record], accelerators: dict[str, Accelerator] | None = None,
                         cpu_speed: float = 1.0) -> Machine | None:
     """The instance as the model sees it; None when its device cannot be modelled (a GPU
     without a profile, or a CPU instance when no cell measured the CPU step)."""
@@ -105,7 +107,8 @@ def machine_of_instance(inst: Instance, cells: list[dict], accelerators: dict[st
 
 def projection_row(machine: Machine, layout: Layout, loader: Loader, storage: ObjectStore | None, batch: int,
                    workload: Workload, inst: Instance | None = None, *, cpu_speed: float = 1.0,
-                   dbu: DbuRate | None = None, spot: Spot = Spot(), repeats: list[Layout] | None = None) -> dict:
+                   dbu: DbuRate | None = None, spot: Spot = Spot(),
+                   repeats: list[Layout] | None = None) -> ProjectionRow:
     """One row of every projection table: the rate, time and cost of ``workload`` on ``machine``
     reading ``layout`` with ``loader``; the same function for the headline, the catalog and
     the scenario, so their rows for one machine are equal. ``repeats``: the layout of each
@@ -149,10 +152,10 @@ def ram_note(dataset_bytes: float, ram_gib: float | None) -> str | None:
     return f"dataset ({gib:,.1f} GiB) {fits} {PAGE_CACHE_SHARE:.0%} of RAM ({room:,.1f} of {ram_gib:,.0f} GiB)"
 
 
-def project_catalog(cells: list[dict], catalog: list[Instance], store: str, loader: Loader,
+def project_catalog(cells: list[Record], catalog: list[Instance], store: str, loader: Loader,
                     storage: ObjectStore | None, workload: Workload, *,
                     accelerators: dict[str, Accelerator] | None = None, cpu_speeds: dict[str, float] | None = None,
-                    dbu: dict[str, DbuRate] | None = None) -> list[dict]:
+                    dbu: dict[str, DbuRate] | None = None) -> list[ProjectionRow]:
     """Every catalog instance the model can project for one store read with one loader, the
     cheapest and fastest marked; sorted by cost per job (unpriced last), then time.
     ``cpu_speeds``: per-vCPU speed relative to this machine by instance name (default 1.0)."""
@@ -172,7 +175,7 @@ def project_catalog(cells: list[dict], catalog: list[Instance], store: str, load
     return sorted(rows, key=lambda r: (r["usd_per_job"] is None, r["usd_per_job"] or 0, r["seconds"]))
 
 
-def mark_extremes(rows: list[dict]) -> None:
+def mark_extremes(rows: list[ProjectionRow]) -> None:
     """Flag the fastest row and the cheapest priced one (ties: the first), and each row's ratio
     to them."""
     if not rows:
@@ -190,15 +193,15 @@ def mark_extremes(rows: list[dict]) -> None:
 class Recommendation:
     """The cheapest priced (store, instance) and the fastest, across stores: two projection rows."""
 
-    cheapest: dict
-    fastest: dict
+    cheapest: ProjectionRow
+    fastest: ProjectionRow
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, ProjectionRow]:
         """As `storage-bench report --json` prints it (the rows as they are)."""
         return {"cheapest": self.cheapest, "fastest": self.fastest}
 
 
-def recommend(projections: dict[str, list[dict]]) -> Recommendation | None:
+def recommend(projections: dict[str, list[ProjectionRow]]) -> Recommendation | None:
     """The cheapest priced (store, instance) and the fastest, across stores."""
     rows = [r for rs in projections.values() for r in rs if r.get("usd_per_job")]
     if not rows:

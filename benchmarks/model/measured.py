@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from trainfeed.benchmarks.model.profiles import ObjectStore, load_object_store
 from trainfeed.benchmarks.model.projection import Device, Layout, Loader, Machine
+from trainfeed.benchmarks.records import Record
 from trainfeed.converters.storage.fetch import PART_SIZE
 
 #: The CPU stages of an image input pipeline a cell records per sample (benchmarks/ab/stages.py).
 STAGES = ("read", "decode", "augment")
 
 
-def layout_of(cell: dict) -> Layout:
+def layout_of(cell: Record) -> Layout:
     """Per-sample read cost of the cell's store: host CPU-seconds from the ingest-only pass's
     process CPU time; bytes and bytes per request from the storage's request counters over the
     same pass when the emulation counted them, else from the layout (one request per small
@@ -30,7 +31,7 @@ def layout_of(cell: dict) -> Layout:
                   min(data_bytes_per_sample(cell), nbytes))
 
 
-def data_bytes_per_sample(cell: dict) -> float:
+def data_bytes_per_sample(cell: Record) -> float:
     """The bytes of one sample's data as the cell's store holds it: an image store's, measured
     over its first pieces when it was staged (encoded bytes, or pixels); else the array's.
 
@@ -45,7 +46,7 @@ def data_bytes_per_sample(cell: dict) -> float:
     return float(stages["stored_bytes_per_sample"] if stages else cell["sample_bytes"])
 
 
-def device_of(cell: dict) -> Device:
+def device_of(cell: Record) -> Device:
     """What computed the cell's step: an emulated or real GPU (seconds per step; a real one's
     host CPU per step from compute-only's process CPU time), or this machine's CPU (CPU-seconds
     per step)."""
@@ -56,14 +57,14 @@ def device_of(cell: dict) -> Device:
     return Device(cell["node"], 1, co["step_s"], co["how"], host or 0.0)
 
 
-def loader_of(cell: dict) -> Loader:
+def loader_of(cell: Record) -> Loader:
     """trainfeed's reader as the cell ran it."""
     conn = cell["connections"]
     return Loader("trainfeed", conn["io_concurrency"] or conn["reader_workers"], conn["reader_workers"], True,
                   cell["framework"])
 
 
-def storage_of(cell: dict) -> ObjectStore | None:
+def storage_of(cell: Record) -> ObjectStore | None:
     """The latency profile every read of the cell went through; None when it read storage as it
     is (local disk, or a real endpoint whose latency is whatever it was)."""
     st = cell["storage"]
@@ -72,6 +73,6 @@ def storage_of(cell: dict) -> ObjectStore | None:
     return load_object_store(st["profile"]) if st.get("profile") else None
 
 
-def machine_of(cell: dict) -> Machine:
+def machine_of(cell: Record) -> Machine:
     """The machine the cell ran on: this machine's vCPUs and the cell's device."""
     return Machine("this machine", cell["env"]["cores"], device_of(cell))

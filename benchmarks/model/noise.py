@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from trainfeed.benchmarks.model.profiles import ObjectStore
 from trainfeed.benchmarks.model.projection import Layout, Loader, Machine, project
+from trainfeed.benchmarks.records import ProjectionRow
 
 #: Without repeats, projections closer than this are level. An assumption: back-to-back
 #: ingest-only passes of the same 152 small files on the 2-vCPU development VM moved by 1-14% in
@@ -25,25 +26,25 @@ def spread(machine: Machine, layouts: list[Layout], loader: Loader, storage: Obj
     return max(rates) / min(rates) - 1
 
 
-def margin(a: dict, b: dict) -> tuple[float, str]:
+def margin(a: ProjectionRow, b: ProjectionRow) -> tuple[float, str]:
     """The relative difference under which rows ``a`` and ``b`` are level, and where it comes from."""
     spreads = [r["spread"] for r in (a, b) if r["spread"] is not None]
     return (max(spreads), SPREAD) if spreads else (LEVEL_WITHOUT_REPEATS, THRESHOLD)
 
 
-def level(a: dict, b: dict) -> bool:
+def level(a: ProjectionRow, b: ProjectionRow) -> bool:
     """Whether two projection rows' times are within the noise of each other."""
     low, high = sorted((a["seconds"], b["seconds"]))
-    return high <= low * (1 + margin(a, b)[0])
+    return bool(high <= low * (1 + margin(a, b)[0]))
 
 
-def within(a: dict, b: dict) -> str:
+def within(a: ProjectionRow, b: ProjectionRow) -> str:
     """"within 4%, the spread of ...": the margin of ``a`` and ``b``, in words."""
     m, how = margin(a, b)
     return f"within {m:.0%}, {how}"
 
 
-def rule(rows: list[dict]) -> str:
+def rule(rows: list[ProjectionRow]) -> str:
     """The rule ``level`` applies to ``rows``, in words."""
     if any(r["spread"] is not None for r in rows):
         return f"within {SPREAD} (each repeat's measurements projected alone; the larger of the two)"

@@ -8,9 +8,10 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 from trainfeed.benchmarks.model.catalog import (
     CATALOG,
@@ -31,12 +32,13 @@ UNITS = {"on_demand": "USD per hour", "spot": "USD per hour", "dbu_per_hour": "D
 Echo = Callable[[str], None]
 
 
-def fetch_json(url: str, timeout: float = 120.0) -> dict:
+def fetch_json(url: str, timeout: float = 120.0) -> dict[str, Any]:
     """GET a JSON document; any network or HTTP failure is one clear line."""
     request = urllib.request.Request(url, headers={"User-Agent": "trainfeed storage-bench prices"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as resp:
-            return json.load(resp)
+            doc: dict[str, Any] = json.load(resp)
+            return doc
     except urllib.error.HTTPError as exc:
         raise TrainfeedError(f"{url}: HTTP {exc.code} {exc.reason}") from None
     except (urllib.error.URLError, OSError) as exc:
@@ -47,12 +49,12 @@ def fetch_json(url: str, timeout: float = 120.0) -> dict:
         raise TrainfeedError(f"{url}: the answer is not JSON ({exc})") from None
 
 
-def azure_items(sku: str, region: str, base_url: str = AZURE_API) -> list[dict]:
+def azure_items(sku: str, region: str, base_url: str = AZURE_API) -> list[dict[str, Any]]:
     """Every Consumption price item of one VM size in one region, following NextPageLink."""
     query = (f"serviceName eq 'Virtual Machines' and armSkuName eq '{sku}' and armRegionName eq '{region}' "
              "and priceType eq 'Consumption'")
     url: str | None = f"{base_url}?{urllib.parse.urlencode({'$filter': query})}"
-    items: list[dict] = []
+    items: list[dict[str, Any]] = []
     while url:
         page = fetch_json(url)
         items += page.get("Items") or []
@@ -60,7 +62,7 @@ def azure_items(sku: str, region: str, base_url: str = AZURE_API) -> list[dict]:
     return items
 
 
-def azure_prices(items: list[dict]) -> tuple[float | None, float | None]:
+def azure_prices(items: list[dict[str, Any]]) -> tuple[float | None, float | None]:
     """(on demand, spot) USD per hour from Azure price items: Linux only (products named
     "... Windows" left out), Low Priority meters left out, the "Spot" meter for spot. Where a
     meter has several prices, the one in effect most recently wins."""
@@ -81,7 +83,7 @@ def azure_prices(items: list[dict]) -> tuple[float | None, float | None]:
             latest["spot"][1] if "spot" in latest else None)
 
 
-def aws_prices(offer: dict, names: set[str]) -> dict[str, float]:
+def aws_prices(offer: dict[str, Any], names: set[str]) -> dict[str, float]:
     """On-demand USD per hour per instance type from an AmazonEC2 regional offer file: Linux,
     shared tenancy, no pre-installed software, plain capacity (not reservations)."""
     skus = {}

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -21,7 +23,7 @@ class Accelerator:
     efficiency: float  # fraction of peak a 3D ResNet step reaches (an assumption, stated)
     source: str
     kind: str = "estimate"  # "estimate" (from FLOPs) or "calibrated" (measured step time)
-    step_seconds: dict | None = None  # calibrated: {"<shape>|<batch>|<width>|<amp>": seconds}
+    step_seconds: dict[str, float] | None = None  # calibrated: {"<shape>|<batch>|<width>|<amp>": seconds}
     # The least an estimated step takes, whatever its FLOPs: a training step launches hundreds of
     # kernels (forward, backward, optimizer) at microseconds each, plus the framework's own
     # per-step work, which FLOPs / peak does not see (an assumption, stated; calibrate replaces it).
@@ -51,7 +53,7 @@ def model_flops(input_shape: tuple[int, ...], width: int = 64, outputs: int = 1)
     model = build(input_shape, outputs, width).eval()  # eval: batch-norm accepts a batch of one
     macs = [0]
 
-    def hook(mod, inputs, out):
+    def hook(mod: torch.nn.Module, inputs: object, out: torch.Tensor) -> None:
         if isinstance(mod, (torch.nn.Conv3d, torch.nn.Conv2d)):
             k = int(torch.tensor(mod.kernel_size).prod())
             macs[0] += out.numel() * (mod.in_channels // mod.groups) * k
@@ -86,7 +88,7 @@ def save_accelerator(acc: Accelerator, path: Path) -> None:
     path.write_text(json.dumps(asdict(acc), indent=1))
 
 
-def calibration_key(shape, batch: int, width: int, amp: bool) -> str:
+def calibration_key(shape: Sequence[int], batch: int, width: int, amp: bool) -> str:
     return f"{'x'.join(map(str, shape))}|{batch}|{width}|{'amp' if amp else 'fp32'}"
 
 
@@ -124,15 +126,16 @@ class ObjectStore:
     max_concurrency: int
     source: str
     kind: str = "preset"  # "preset" (providers' published figures) or "probed" (`storage-bench probe`)
-    detail: dict | None = None  # probed: latency percentiles, throughput by concurrency, ...
-    io_cpu_s_per_gb: dict | None = None  # probed: {"<requests in flight>": CPU-s per GB}; None: IO_CPU_S_PER_GB
+    detail: dict[str, Any] | None = None  # probed: latency percentiles, throughput by concurrency, ...
+    # probed: {"<requests in flight>": CPU-s per GB}; None: IO_CPU_S_PER_GB
+    io_cpu_s_per_gb: dict[str, float] | None = None
 
     def request_seconds(self, nbytes: float) -> float:
         """Modelled duration of one request that returns ``nbytes``."""
         return self.first_byte_ms / 1e3 + nbytes / (self.stream_mb_per_s * 1e6)
 
     @property
-    def io_cpu_figures(self) -> dict:
+    def io_cpu_figures(self) -> dict[str, float]:
         """The client's CPU-seconds per GB by requests in flight: probed, else IO_CPU_S_PER_GB."""
         return self.io_cpu_s_per_gb or IO_CPU_S_PER_GB
 
@@ -179,7 +182,7 @@ OBJECT_STORES = {
 }
 
 
-def load_object_store(name_or_path) -> ObjectStore:
+def load_object_store(name_or_path: str | Path | ObjectStore) -> ObjectStore:
     """A preset name (azure-blob, s3, lan) or a JSON profile written by `storage-bench probe`."""
     if isinstance(name_or_path, ObjectStore):
         return name_or_path

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from trainfeed.benchmarks.model.profiles import ObjectStore
 from trainfeed.converters.errors import UsageError
@@ -58,7 +59,7 @@ def parse_loader(text: str) -> Loader:
     """``--baseline-loader``: comma-separated KEY=VALUE of name, concurrency, threads (default:
     concurrency), prefetch (on/off) and framework; e.g. ``concurrency=1,prefetch=off,framework=tf``
     for a synchronous generator that reads one file at a time."""
-    fields: dict = {}
+    fields: dict[str, Any] = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = item.partition("=")
         key, value = key.strip(), value.strip()

@@ -6,13 +6,15 @@ preprocessing to separate CPU workers (tf.data service)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import cast
 
-from trainfeed.benchmarks.model.catalog import DbuRate, Instance, hourly_cost
+from trainfeed.benchmarks.model.catalog import DbuRate, Instance
 from trainfeed.benchmarks.model.cost import Workload, machine_of_instance, projection_row, store_layout
 from trainfeed.benchmarks.model.profiles import Accelerator, ObjectStore
-from trainfeed.benchmarks.model.projection import COMPUTE, DECODE, IO_CPU, Feed, Loader, Machine, feed
+from trainfeed.benchmarks.model.projection import COMPUTE, DECODE, IO_CPU, Feed, Layout, Loader, Machine, feed
+from trainfeed.benchmarks.records import ProjectionRow, Record
 
 #: CPU per sample of the offload workers' decode relative to the reader's: tf.data service
 #: workers decode with TensorFlow's ops, 373 samples per CPU-second against Pillow's reduced-scale
@@ -31,15 +33,15 @@ class Remedy:
     (its row holds ``workers``, the reader threads), the decoded pixels' store, offloading to CPU
     workers (its row holds ``workers``, ``worker``, ``worker_vcpus``)."""
 
-    today: dict
+    today: ProjectionRow
     vcpus_needed: int
-    bigger: dict | None
-    decoded: dict | None
-    offload: dict | None
+    bigger: ProjectionRow | None
+    decoded: ProjectionRow | None
+    offload: ProjectionRow | None
 
 
-def remedies(cells: list[dict], catalog: list[Instance], store: str, decoded: str | None, loader: Loader,
-             storage: ObjectStore | None, workload: Workload, projections: dict[str, list[dict]], *,
+def remedies(cells: list[Record], catalog: list[Instance], store: str, decoded: str | None, loader: Loader,
+             storage: ObjectStore | None, workload: Workload, projections: dict[str, list[ProjectionRow]], *,
              accelerators: dict[str, Accelerator] | None = None,
              dbu: dict[str, DbuRate] | None = None) -> list[Remedy]:
     """For the cheapest GPU instances on which ``store`` (encoded images) is bound by the host's
@@ -53,11 +55,11 @@ def remedies(cells: list[dict], catalog: list[Instance], store: str, decoded: st
     batch = next(c for c in cells if c["kind"] == "cell")["batch_size"]
     dbu = dbu or {}
 
-    def row(machine: Machine, inst: Instance, lay=layout, threads: int | None = None) -> dict:
+    def row(machine: Machine, inst: Instance, lay: Layout = layout, threads: int | None = None) -> ProjectionRow:
         return projection_row(machine, lay, replace(loader, threads=threads or loader.threads), storage, batch,
                               workload, inst, dbu=dbu.get(inst.cloud))
 
-    out = []
+    out: list[Remedy] = []
     for today in sorted(rows, key=lambda r: (r["usd_per_job"] is None, r["usd_per_job"] or 0))[:SHOWN]:
         inst = by_name[today["machine"]]
         needs = feed(_machine(inst, cells, accelerators).device, layout, loader, storage, batch,
@@ -84,7 +86,7 @@ def _bigger(inst: Instance, need: int, catalog: list[Instance]) -> Instance | No
     return min(fits, key=lambda i: cast(float, i.on_demand), default=None)  # fits are all priced
 
 
-def _machine(inst: Instance, cells: list[dict], accelerators: dict[str, Accelerator] | None) -> Machine:
+def _machine(inst: Instance, cells: list[Record], accelerators: dict[str, Accelerator] | None) -> Machine:
     """A GPU instance as the model sees it, for one whose GPU the projections already modelled
     (an instance of the catalog's projections, or one with the same GPUs)."""
     machine = machine_of_instance(inst, cells, accelerators)
@@ -92,24 +94,26 @@ def _machine(inst: Instance, cells: list[dict], accelerators: dict[str, Accelera
     return machine
 
 
-def _offload(inst: Instance, needs: Feed, layout, cells, catalog, accelerators, row) -> dict | None:
+def _offload(inst: Instance, needs: Feed, layout: Layout, cells: list[Record], catalog: list[Instance],
+             accelerators: dict[str, Accelerator] | None, row: Callable[..., ProjectionRow]) -> ProjectionRow | None:
     """The GPU instance plus k CPU instances of the same cloud (the cheapest fleet with the vCPUs
     needed) running tf.data service workers: their vCPUs read (the storage client's I/O CPU)
     and decode, at TensorFlow's CPU cost per sample."""
-    workers = [i for i in catalog if i.cloud == inst.cloud and not i.gpus and i.on_demand is not None]
+    workers = [(i, price) for i in catalog
+               if i.cloud == inst.cloud and not i.gpus and (price := i.on_demand) is not None]
     if not workers:
         return None
     offload_need = math.ceil(round(needs.decode * OFFLOAD_CPU_FACTOR + needs.io, 6))
     # the cheapest fleet that has the vCPUs: k of one CPU instance type
-    count, worker = min(((max(1, math.ceil(offload_need / w.vcpus)), w) for w in workers),
-                        key=lambda kw: (kw[0] * kw[1].on_demand, kw[0] * kw[1].vcpus))
+    count, worker, price = min(((max(1, math.ceil(offload_need / w.vcpus)), w, p) for w, p in workers),
+                               key=lambda kwp: (kwp[0] * kwp[2], kwp[0] * kwp[1].vcpus))
     vcpus = count * worker.vcpus
     gpu_machine = _machine(inst, cells, accelerators)
     machine = replace(gpu_machine, name=f"{inst.name} + {count} x {worker.name}", vcpus=vcpus)
     heavier = replace(layout, cpu_s_per_sample=layout.cpu_s_per_sample * OFFLOAD_CPU_FACTOR)
     projected = row(machine, inst, heavier, threads=vcpus)
     if projected["usd_per_hour"] is not None:
-        projected["usd_per_hour"] += hourly_cost(worker) * count
+        projected["usd_per_hour"] += price * count  # the worker's hourly cost: on demand, no DBUs
         projected["usd_per_job"] = projected["usd_per_hour"] * projected["seconds"] / 3600
         projected["usd_per_1k_samples"] = (projected["usd_per_job"] / projected["seconds"]
                                            / projected["samples_per_s"] * 1000)

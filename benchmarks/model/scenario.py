@@ -9,7 +9,7 @@ import builtins
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import overload
+from typing import Any, overload
 
 from trainfeed.benchmarks.model.cost import Workload
 from trainfeed.benchmarks.model.profiles import ObjectStore
@@ -118,11 +118,12 @@ class _Getter:
 
     _MISSING = object()
 
-    def __init__(self, path: Path, doc: dict):
+    def __init__(self, path: Path, doc: dict[str, Any]) -> None:
         self.path, self.doc = path, doc
 
-    def _get(self, key: str, default=_MISSING):
-        node = self.doc
+    def _get(self, key: str, default: object = _MISSING) -> Any:
+        """The value at ``key``: any TOML value."""
+        node: Any = self.doc
         for part in key.split("."):
             if isinstance(node, list) and part.isdigit() and int(part) < len(node):
                 node = node[int(part)]
@@ -134,24 +135,26 @@ class _Getter:
                 raise TrainfeedError(f"{self.path}: missing key {key!r}")
         return node
 
-    def _typed(self, key: str, kinds, what: str, default=_MISSING):
+    def _typed(self, key: str, kinds: tuple[type, ...], what: str, default: object = _MISSING) -> Any:
         value = self._get(key, default)
         if value is default and default is not self._MISSING:
             return value
-        if not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds:
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
             raise TrainfeedError(f"{self.path}: {key} must be {what}, got {value!r}")
         return value
 
     # The methods below are named after the types they return, which they shadow inside the class:
     # their annotations name the built-in types as builtins.*.
     def str(self, key: builtins.str) -> builtins.str:
-        return self._typed(key, (str,), "a string")
+        value: builtins.str = self._typed(key, (str,), "a string")
+        return value
 
     def bool(self, key: builtins.str) -> builtins.bool:
-        return self._typed(key, (bool,), "true or false")
+        value: builtins.bool = self._typed(key, (bool,), "true or false")
+        return value
 
     def int(self, key: builtins.str) -> builtins.int:
-        value = self._typed(key, (int,), "a whole number")
+        value: builtins.int = self._typed(key, (int,), "a whole number")
         if value < 1:
             raise TrainfeedError(f"{self.path}: {key} must be at least 1, got {value}")
         return value
@@ -172,12 +175,12 @@ class _Getter:
         value = self._typed(key, (int, float), "a number", default)
         if value is None:
             return None
-        if value < 0 or value == 0 and not zero_ok:
+        if value < 0 or (value == 0 and not zero_ok):
             raise TrainfeedError(f"{self.path}: {key} must be {'at least 0' if zero_ok else 'above 0'}, got {value}")
         return float(value)
 
-    def list(self, key: builtins.str, required: builtins.bool = True) -> builtins.list:
+    def list(self, key: builtins.str, required: builtins.bool = True) -> builtins.list[Any]:
         value = self._get(key, self._MISSING if required else [])
-        if not isinstance(value, list) or required and not value:
+        if not isinstance(value, list) or (required and not value):
             raise TrainfeedError(f"{self.path}: {key} must be a non-empty list")
         return value

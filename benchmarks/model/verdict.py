@@ -4,6 +4,7 @@ are less than they seem."""
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import numpy as np
 
@@ -20,9 +21,17 @@ from trainfeed.benchmarks.model.projection import (
     in_flight,
     project,
 )
+from trainfeed.benchmarks.records import Record
 
 
-def checks(cell: dict) -> list[str]:
+class Verdict(TypedDict):
+    """A cell's bottleneck (a projection's, or ``ram`` or ``contention``) and what removes it."""
+
+    bottleneck: str
+    advice: str
+
+
+def checks(cell: Record) -> list[str]:
     """What makes a cell's figures less than they seem, in words: contention while it was
     measured, a real run faster than the reader alone allows, a step that took longer in the
     run than alone."""
@@ -52,7 +61,7 @@ MIN_TIMED_SAMPLES = 50
 ABOVE_MODEL = 1.1
 
 
-def too_short(measured: dict | None) -> str | None:
+def too_short(measured: Record | None) -> str | None:
     """Why a timed measurement (an ingest-only pass: ``samples_per_s``, ``seconds``,
     ``timed_samples``) is too short to mean anything, or None when it is long enough (or older
     results do not record its duration)."""
@@ -67,7 +76,7 @@ def too_short(measured: dict | None) -> str | None:
     return None
 
 
-def doubts(cell: dict) -> list[str]:
+def doubts(cell: Record) -> list[str]:
     """What makes a cell's figures untrustworthy (beyond ``checks``), computed from its record:
     an ingest-only pass too short to mean anything, a real run above the model's own bound."""
     out = []
@@ -87,7 +96,7 @@ def doubts(cell: dict) -> list[str]:
 BELOW_MODEL = 0.8
 
 
-def verdict(cell: dict) -> dict:
+def verdict(cell: Record) -> Verdict:
     """The bottleneck of one cell and concrete advice: the projection model's binding constraint
     for this machine (``model.project`` of the cell's measured quantities), unless the
     measurements say otherwise: the node swapped, or the device should have set the pace but the
@@ -110,7 +119,7 @@ def verdict(cell: dict) -> dict:
     return _advice(cell, proj)
 
 
-def _advice(cell: dict, proj: Projection) -> dict:
+def _advice(cell: Record, proj: Projection) -> Verdict:
     limits, b = proj.limits, proj.bottleneck
     device = limits.get(COMPUTE, 0.0)
     cores = cell["env"]["cores"]
@@ -158,7 +167,7 @@ def _advice(cell: dict, proj: Projection) -> dict:
             f"{device:,.0f}; {more}, or store fewer bytes per sample (compression, smaller dtype)"}
 
 
-def io_cpu_verdict(need: Feed, storage: ObjectStore, vcpus: int, rate: float) -> dict:
+def io_cpu_verdict(need: Feed, storage: ObjectStore, vcpus: int, rate: float) -> Verdict:
     """The storage client's CPU binds: what the device needs in GB/s, what that costs in vCPUs at
     the client's CPU per GB, beside decode and the framework, and what removes it."""
     return {"bottleneck": "io-cpu", "advice": f"I/O CPU: the storage client costs {need.io_cpu_s_per_gb:.2f} CPU-s "
@@ -168,7 +177,7 @@ def io_cpu_verdict(need: Feed, storage: ObjectStore, vcpus: int, rate: float) ->
             "per sample (compression, smaller dtype)"}
 
 
-def image_verdict(cell: dict, device_rate: float, reader_rate: float, need: int) -> dict:
+def image_verdict(cell: Record, device_rate: float, reader_rate: float, need: int) -> Verdict:
     """An image cell the projection model found read/decode-bound (its reader's CPU delivers
     ``reader_rate`` samples/s, the device takes ``device_rate``, which keeps ``need`` vCPUs busy
     reading): the stage that costs the most CPU per sample, and what removes it.

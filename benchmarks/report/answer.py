@@ -6,6 +6,7 @@ from __future__ import annotations
 from trainfeed.benchmarks.model.advice import Advice, Gains
 from trainfeed.benchmarks.model.noise import level, within
 from trainfeed.benchmarks.model.verdict import doubts, too_short
+from trainfeed.benchmarks.records import CellKey, ProjectionRow, Record
 from trainfeed.benchmarks.report.formatting import fmt_ratio, fmt_time, fmt_usd
 
 #: What each bottleneck means for the user, in one sentence: what sets the pace and what helps.
@@ -50,12 +51,12 @@ def same_gpu_rows(advice: Advice) -> list[str]:
     return list(times)
 
 
-def answer(advice: Advice, cells, locations, contended) -> list[str]:
+def answer(advice: Advice, cells: dict[CellKey, Record], locations: list[Record], contended: list[Record]) -> list[str]:
     """The first screen: what to do, its time and cost per job, how sure, what binds."""
     w = advice.plan.workload
     rec = advice.recommendation
     lines = ["## What to do", ""]
-    row: dict | None
+    row: ProjectionRow | None
     if rec:
         ch = rec.cheapest
         spot = f"; spot {fmt_usd(ch['spot_usd_per_job'])}" if ch.get("spot_usd_per_job") else ""
@@ -72,7 +73,7 @@ def answer(advice: Advice, cells, locations, contended) -> list[str]:
         fastest = [r for h in advice.headline for r in h.rows if r.get("fastest")]
         row = fastest[0] if fastest else None
         if row is None:
-            return lines + ["Nothing could be projected: see the failures below.", ""]
+            return [*lines, "Nothing could be projected: see the failures below.", ""]
         lines.append(f"**Use {row['option']}**: {fmt_time(row['seconds'])} per job on {row['machine']} for "
                      f"{w.samples:,} samples x {w.epochs} epoch{'s' if w.epochs != 1 else ''} "
                      "(no priced instance in the catalog, so no cost).")
@@ -85,10 +86,10 @@ def answer(advice: Advice, cells, locations, contended) -> list[str]:
             break
     level, why = confidence(advice, cells, locations, contended, row)
     lines.append(f"- **How sure**: {level}: {'; '.join(why)}.")
-    return lines + [""]
+    return [*lines, ""]
 
 
-def fastest_instead(advice: Advice, cheapest: dict, fastest: dict) -> str:
+def fastest_instead(advice: Advice, cheapest: ProjectionRow, fastest: ProjectionRow) -> str:
     """The fastest option of the catalog beside the cheapest, said faster only beyond the noise.
     On the fastest instance, the options level with the fastest are named with it, and the
     cheapest's own option is the one shown where it is among them: a store is not "the fastest"
@@ -111,7 +112,8 @@ def fastest_instead(advice: Advice, cheapest: dict, fastest: dict) -> str:
             f"{shown['bottleneck']}{tied}.")
 
 
-def confidence(advice: Advice, cells, locations, contended, row: dict | None) -> tuple[str, list[str]]:
+def confidence(advice: Advice, cells: dict[CellKey, Record], locations: list[Record], contended: list[Record],
+               row: ProjectionRow | None) -> tuple[str, list[str]]:
     """How sure the answer is (high, medium, low) and why: cells measured under contention, too
     short or contradicting the model lower it to low; a GPU step time that is an estimate, not a
     measurement, to medium."""
@@ -136,7 +138,7 @@ def confidence(advice: Advice, cells, locations, contended, row: dict | None) ->
     return "high", ["every input was measured on this machine or calibrated, and no cell is in doubt"]
 
 
-def location_doubt(loc: dict) -> str | None:
+def location_doubt(loc: Record) -> str | None:
     """Why a location-effect measurement cannot be taken as one: either read too short to mean
     anything, or reading through emulated latency beat local disk, which the model's physics
     rule out (the emulation only adds time)."""

@@ -6,29 +6,37 @@ import functools
 import io
 import itertools
 import re
+from collections.abc import Callable, Iterable
+from typing import Any, ParamSpec, TypeVar
 
 import matplotlib
 from matplotlib.artist import Artist
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
+from matplotlib.typing import RcKeyType
 
+from trainfeed.benchmarks.records import CellKey, Record
 from trainfeed.converters.formats.registry import FORMATS
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 #: Colours of the known stores; a store without one gets the next colour of ``SPARE``.
 COLORS = {"blob": "#d62728", "parquet": "#1f77b4", "delta": "#2ca02c", "hdf5": "#9467bd"}
 SPARE = ("#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
 COMPUTE, WAIT = "#2ca02c", "#d62728"
 #: Text stays text (selectable, searchable, small); ids are stable from run to run.
-_RC = {"svg.fonttype": "none", "svg.hashsalt": "trainfeed-report", "font.size": 9,
+_RC: dict[RcKeyType, Any] = {"svg.fonttype": "none", "svg.hashsalt": "trainfeed-report", "font.size": 9,
        "font.family": ["DejaVu Sans", "sans-serif"]}
 
 
-def store_order(names) -> list[str]:
+def store_order(names: Iterable[str]) -> list[str]:
     """The blob baseline, then the format registry's order; names the registry does not know
     (results of another trainfeed version) follow in the order given."""
     known = list(dict.fromkeys(["blob", *FORMATS]))
-    names = list(dict.fromkeys(names))
-    return [s for s in known if s in names] + [s for s in names if s not in known]
+    given = list(dict.fromkeys(names))
+    return [s for s in known if s in given] + [s for s in given if s not in known]
 
 
 def store_colors(stores: list[str]) -> dict[str, str]:
@@ -36,10 +44,10 @@ def store_colors(stores: list[str]) -> dict[str, str]:
     return {s: COLORS.get(s) or next(spare) for s in stores}
 
 
-def _drawn(chart):
+def _drawn(chart: Callable[_P, _R]) -> Callable[_P, _R]:
     """Draw (and save) under the report's matplotlib settings, whatever the caller's are."""
     @functools.wraps(chart)
-    def draw(*args, **kwargs):
+    def draw(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         with matplotlib.rc_context(_RC):
             return chart(*args, **kwargs)
     return draw
@@ -58,7 +66,7 @@ def _figure(width: float, height: float) -> Figure:
 
 
 @_drawn
-def throughput(cells: dict, stores: list[str], nodes: list[str], fw: str) -> str:
+def throughput(cells: dict[CellKey, Record], stores: list[str], nodes: list[str], fw: str) -> str:
     """Grouped bars: samples/s of the real run per node (groups) and store (bars), log scale."""
     colors = store_colors(stores)
     fig = _figure(9, 3.8)
@@ -80,7 +88,7 @@ def throughput(cells: dict, stores: list[str], nodes: list[str], fw: str) -> str
 
 
 @_drawn
-def stall(cells: dict, stores: list[str], nodes: list[str], fw: str) -> str:
+def stall(cells: dict[CellKey, Record], stores: list[str], nodes: list[str], fw: str) -> str:
     """One horizontal bar per cell: the share of the run spent computing, then waiting for data."""
     items = [(s, n) for n in nodes for s in stores if (s, n, fw) in cells]
     fig = _figure(9, 0.9 + 0.28 * len(items))
@@ -101,7 +109,7 @@ def stall(cells: dict, stores: list[str], nodes: list[str], fw: str) -> str:
 
 
 @_drawn
-def utilization(cells: dict, stores: list[str], nodes: list[str], fw: str) -> str:
+def utilization(cells: dict[CellKey, Record], stores: list[str], nodes: list[str], fw: str) -> str:
     """Small multiples: one panel per cell (rows: stores, columns: nodes), CPU % of the machine
     and of the benchmark process (and GPU % where sampled) over the run's seconds."""
     if not any(c["real"].get("utilization_timeline") for (_, _, f), c in cells.items() if f == fw):
@@ -135,9 +143,9 @@ def utilization(cells: dict, stores: list[str], nodes: list[str], fw: str) -> st
     return _svg(fig, f"utilization {fw}")
 
 
-def _plot_timeline(ax, points: list[dict], cores: int) -> None:
+def _plot_timeline(ax: Axes, points: list[Record], cores: int) -> None:
     t = [p["t"] for p in points]
-    line = {"lw": 1.2, "marker": "o", "ms": 2.5}  # markers: a short run has a single sample
+    line: dict[str, Any] = {"lw": 1.2, "marker": "o", "ms": 2.5}  # markers: a short run has a single sample
     ax.plot(t, [p["cpu_percent"] for p in points], color="#1f77b4", label="machine CPU %", **line)
     ax.plot(t, [p.get("process_cpu_percent", 0) / max(1, cores) for p in points], color="#ff7f0e", ls="--",
             label="benchmark process, % of all cores", **line)

@@ -5,15 +5,16 @@ from __future__ import annotations
 import math
 
 from trainfeed.benchmarks.model.advice import significant
+from trainfeed.benchmarks.records import Record
 
 
-def place(rec) -> str:
+def place(rec: Record) -> str:
     st = rec["storage"]
     return (f"{st['backend']} storage, "
             + (f"emulated {st['profile']} latency" if st["profile"] else "no latency emulation"))
 
 
-def budget(rec) -> str:
+def budget(rec: Record) -> str:
     conn = rec["connections"]
     requests = f", {conn['io_concurrency']} requests in flight" if conn["io_concurrency"] else " (local reads)"
     return f"{conn['reader_workers']} reader workers{requests}"

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from markdown_it import MarkdownIt
 
+from trainfeed.benchmarks.records import CellKey, Record
 from trainfeed.benchmarks.report import charts as charts_mod
 
 #: CommonMark plus tables; raw HTML in the Markdown (an error message, say) is shown, not run.
 _MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable("table")
 
 
-def html(md: str, cells, stores, nodes, frameworks, catalog_md: str = "") -> str:
+def html(md: str, cells: dict[CellKey, Record], stores: list[str], nodes: list[str], frameworks: list[str],
+         catalog_md: str = "") -> str:
     """The page: the report's Markdown, the charts before "Why: each cell", and the whole catalog
     (``catalog_md``) folded in a <details> at the end of "What it costs"."""
     charts = [draw(cells, stores, nodes, fw) for fw in frameworks

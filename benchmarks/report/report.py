@@ -6,51 +6,55 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from trainfeed.benchmarks.ab.results import load_results
 from trainfeed.benchmarks.model.advice import Advice, Reference, build_advice, plan_for
-from trainfeed.benchmarks.model.catalog import CATALOG, load_catalog, load_dbu_rates
+from trainfeed.benchmarks.model.catalog import CATALOG, Instance, load_catalog, load_dbu_rates
 from trainfeed.benchmarks.model.cost import Workload
 from trainfeed.benchmarks.model.measured import STAGES
 from trainfeed.benchmarks.model.projection import Loader
 from trainfeed.benchmarks.model.scenario import SCENARIO_COPY, Scenario, load_scenario
 from trainfeed.benchmarks.model.verdict import verdict
+from trainfeed.benchmarks.records import CellKey, ProjectionRow, Record
 from trainfeed.benchmarks.report import charts as charts_mod
 from trainfeed.benchmarks.report.html import html
-from trainfeed.benchmarks.report.markdown import catalog_markdown, markdown, markdown_nothing_measured
+from trainfeed.benchmarks.report.markdown import markdown, markdown_nothing_measured
+from trainfeed.benchmarks.report.sections.costs import catalog_markdown
 from trainfeed.converters.errors import UsageError
 from trainfeed.converters.redact import redact
 
 
-def _cells(records):
+def _cells(records: list[Record]) -> dict[CellKey, Record]:
     """The cells of the table, each with its verdict from this model, not the one recorded when
     it was measured: a report rebuilt after the model changed says what its projections say."""
-    cells = {}
+    cells: dict[CellKey, Record] = {}
     for r in records:  # the last repeat of a cell wins the table; all stay in results.jsonl
         if r["kind"] == "cell":
             cells[(r["store"], r["node"], r["framework"])] = {**r, "verdict": verdict(r)}
     return cells
 
 
-def _spread(records) -> dict[tuple, list[float]]:
+def _spread(records: list[Record]) -> dict[CellKey, list[float]]:
     """The real-run rates of every repeat of each cell."""
-    rates: dict[tuple, list[float]] = {}
+    rates: dict[CellKey, list[float]] = {}
     for r in records:
         if r["kind"] == "cell" and r["real"]["samples_per_s"]:
             rates.setdefault((r["store"], r["node"], r["framework"]), []).append(r["real"]["samples_per_s"])
     return rates
 
 
-def _locations(records) -> list[dict]:
+def _locations(records: list[Record]) -> list[Record]:
     """The location-effect measurements: one per run (merged results hold several)."""
     return [r for r in records if r["kind"] == "location-effect"]
 
 
-def _failed(records, cells):
+def _failed(records: list[Record], cells: dict[CellKey, Record]) -> dict[tuple[str, str | None, str | None], Record]:
     """Failed cells, the last failure of each, unless a repeat of the cell was measured."""
-    failed = {}
+    failed: dict[tuple[str, str | None, str | None], Record] = {}
     for r in records:
         key = (r["store"], r.get("node"), r.get("framework"))
         if r["kind"] == "error" and key not in cells:
@@ -58,7 +62,7 @@ def _failed(records, cells):
     return failed
 
 
-def _failure_line(rec: dict) -> str:
+def _failure_line(rec: Record) -> str:
     return redact(f"{rec['store']} x {rec.get('node') or '-'} {rec.get('framework') or '-'} "
                   f"({rec.get('stage', '?')}): {rec['error']}")
 
@@ -68,7 +72,8 @@ BASELINE_COPY = "baseline-loader.json"
 
 
 def build(out: str, *, target_samples: int = 650_000, target_epochs: int = 5, catalog: Path = CATALOG,
-          baseline: Loader | None = None, scenario: Scenario | None = None, my_instance: str | None = None) -> dict:
+          baseline: Loader | None = None, scenario: Scenario | None = None,
+          my_instance: str | None = None) -> dict[str, Any]:
     """Write results.csv, costs.csv, report.md and report.html from OUT/results.jsonl (and, for a
     scenario run, OUT/reference.json); ``scenario`` defaults to the copy a scenario run left in
     OUT, ``baseline`` to the one the run's report was given (OUT/baseline-loader.json, written
@@ -98,7 +103,7 @@ def build(out: str, *, target_samples: int = 650_000, target_epochs: int = 5, ca
         plan = plan_for(every, Workload(target_samples, target_epochs), baseline, scenario)
         dbu = {r.cloud: r for r in load_dbu_rates() if r.workload == "jobs"}
         advice = build_advice(every, instances, dbu, plan, stores)
-        md = markdown(cells, _spread(records), locations, stores, nodes, frameworks, advice, notes, errors,
+        md = markdown(cells, _spread(records), locations, stores, nodes, advice, notes, errors,
                       my_instance)
         catalog_md = catalog_markdown(advice)
         _write_costs(outdir / "costs.csv", advice.projections)
@@ -116,7 +121,7 @@ def build(out: str, *, target_samples: int = 650_000, target_epochs: int = 5, ca
             "reference": advice.reference.rows if advice and advice.reference else None}
 
 
-def check_instance(name: str | None, instances, catalog: Path) -> None:
+def check_instance(name: str | None, instances: list[Instance], catalog: Path) -> None:
     """``--my-instance NAME`` names an instance of the catalog (a usage error otherwise, naming the nearest)."""
     if name is None or any(i.name == name for i in instances):
         return
@@ -141,7 +146,7 @@ CSV_COLUMNS = ["store", "node", "framework", "node_kind", "storage", "storage_pr
                "reader_cpu_ms_per_sample", "contended", "bottleneck", "advice", "failed_stage", "error"]
 
 
-def _write_csv(path: Path, cells, failed) -> None:
+def _write_csv(path: Path, cells: Iterable[Record], failed: Iterable[Record]) -> None:
     """One row per measured cell, then one per failed cell (its stage and error, no measures)."""
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
@@ -170,7 +175,7 @@ COST_COLUMNS = ["option", "store", "loader", "cloud", "region", "instance", "vcp
                 "bottleneck", "ram_note", "price_date", "price_source"]
 
 
-def _write_costs(path: Path, projections: dict[str, list[dict]]) -> None:
+def _write_costs(path: Path, projections: dict[str, list[ProjectionRow]]) -> None:
     """costs.csv: every option on every instance of the catalog, as the model projects it (the
     report shows the few rows that matter)."""
     with open(path, "w", newline="") as fh:
@@ -181,11 +186,11 @@ def _write_costs(path: Path, projections: dict[str, list[dict]]) -> None:
                 w.writerow([r.get("machine") if k == "instance" else r.get(k) for k in COST_COLUMNS])
 
 
-def _ms(seconds: float | None):
+def _ms(seconds: float | None) -> float | str:
     return "" if seconds is None else seconds * 1e3
 
 
-def _stage_ms(stages: dict | None) -> list:
+def _stage_ms(stages: dict[str, float] | None) -> list[float | str]:
     """An image cell's CPU milliseconds per sample of each stage (read, decode, augment)."""
     return [stages[s] * 1e3 for s in STAGES] if stages else ["", "", ""]
 

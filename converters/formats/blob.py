@@ -4,17 +4,19 @@ read in place, without converting it: the baseline every store is compared with.
 format."""
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass
 
+import fsspec
 import numpy as np
 
 from trainfeed.converters.errors import TrainfeedError
-from trainfeed.converters.formats.interface import Empty, Format, Where
-from trainfeed.converters.formats.options import Columns, OpenOptions, Pieces, pick_field
+from trainfeed.converters.formats.interface import Columns, Empty, Format, OpenFiles, Pieces, Where, pick_field
+from trainfeed.converters.formats.options import OpenOptions
 from trainfeed.converters.layout import DatasetSchema
 from trainfeed.converters.sources.decode import ArrayOptions, ImageOptions
 from trainfeed.converters.sources.dtypes import AUTO, lossless_cast
-from trainfeed.converters.sources.labels import labels_in_source, resolve_labels
+from trainfeed.converters.sources.labels import Labels, labels_in_source, resolve_labels
 from trainfeed.converters.sources.listing import IMAGE, SourceFile, list_source, read_bytes
 from trainfeed.converters.sources.samples import SchemaGuard, load_sample, scan_dtype
 from trainfeed.converters.storage.fetch import CachingFileSystem, open_fetcher
@@ -24,7 +26,18 @@ from trainfeed.converters.storage.location import locate
 UNIT = "files"
 
 
-def list_pieces(path: Where, options: OpenOptions) -> Pieces:
+@dataclass(frozen=True, kw_only=True)
+class FilePieces(Pieces[SourceFile]):
+    """The sample files, one piece each, and what reading one needs: the filesystem they are
+    on, their kind (arrays or images), their labels and the dtype arrays are cast to."""
+
+    fs: fsspec.AbstractFileSystem
+    kind: str
+    labels: Labels
+    cast: str | None
+
+
+def list_pieces(path: Where, options: OpenOptions) -> FilePieces:
     """Every sample file, sorted by id; the schema from the first file, labels as convert takes
     them: ``options.labels``, else SRC/labels.csv when there is one, else class subfolders."""
     fs, listing = list_source(str(path), options.storage_options)
@@ -46,63 +59,58 @@ def list_pieces(path: Where, options: OpenOptions) -> Pieces:
     assert guard.specs is not None  # the first file fixed them
     schema = DatasetSchema(fields=guard.specs, labeled=labels.by_id is not None, label_map=labels.label_map,
                            source=str(path), samples=len(listing.files))
-    return Pieces(schema, pick_field(schema, options.field, path), list(listing.files), [1] * len(listing.files),
-                  [], extra={"fs": fs, "kind": listing.kind, "labels": labels, "cast": cast})
+    return FilePieces(schema=schema, spec=pick_field(schema, options.field, path), pieces=list(listing.files),
+                      rows=[1] * len(listing.files), files=[], fs=fs, kind=listing.kind, labels=labels, cast=cast)
 
 
 def piece_file(piece: SourceFile) -> str:
     return piece.path
 
 
-def read_piece(listing: Pieces, piece: SourceFile, handles: dict[Any, Any], empty: Empty = np.empty) -> Columns:
+def read_piece(listing: FilePieces, piece: SourceFile, handles: OpenFiles, empty: Empty = np.empty) -> Columns:
     """One file, its arrays cast as ``OpenOptions.cast`` says. An image is its bytes, not decoded
     here: the reader decodes it once (training/reading/images.py)."""
-    fs, kind, labels = listing.extra["fs"], listing.extra["kind"], listing.extra["labels"]
+    fs, kind, labels = listing.fs, listing.kind, listing.labels
+    label: int | None
     if kind == IMAGE:
         x, label = np.empty(1, object), labels.get(piece.id)
         x[0] = read_bytes(fs, piece)
     else:
         sample = load_sample(fs, kind, piece, labels, ImageOptions())
         value = np.asarray(sample.fields[listing.spec.name])
-        if listing.extra["cast"] is not None:
-            value = lossless_cast(piece.path, listing.spec.name, value, listing.extra["cast"])
+        if listing.cast is not None:
+            value = lossless_cast(piece.path, listing.spec.name, value, listing.cast)
         x, label = value[None], sample.label
     return Columns([piece.id], np.array([-1 if label is None else label], np.int64), x)
 
 
-def read_labels(listing: Pieces) -> Iterator[np.ndarray]:
-    labels = listing.extra["labels"]
+def read_labels(listing: FilePieces) -> Iterator[np.ndarray]:
+    """One column: each file's label, in piece order (-1 where unlabeled)."""
+    labels = listing.labels
     yield np.array([-1 if labels.get(f.id) is None else labels.get(f.id) for f in listing.pieces], np.int64)
 
 
 # ------------------------------------------------------------------ the registry's format
 
-class Blob(Format):
+def _no_store(path: Where) -> bool:
+    return False
+
+
+class Blob(Format[SourceFile, FilePieces]):
     """The small files, read in place (formats/interface.py says what each member is for). Never
-    detected: what a path holding no store is read as."""
+    detected: what a path holding no store is read as. ``list_pieces`` takes ``path`` as the
+    user gave it (recorded as the schema's source)."""
 
     name, label, noun = "blob", "small files", "a folder of small files"
     in_place = True
     UNIT = UNIT
 
-    def is_store(self, path: Where) -> bool:
-        return False
-
-    def written_by_trainfeed(self, path: Where) -> bool:
-        return False
-
-    def list_pieces(self, path: Where, options: OpenOptions) -> Pieces:
-        """``path`` as the user gave it (recorded as the schema's source)."""
-        return list_pieces(path, options)
-
-    def read_piece(self, listing: Pieces, piece: Any, handles: dict[Any, Any], empty: Empty = np.empty) -> Columns:
-        return read_piece(listing, piece, handles, empty)
-
-    def piece_file(self, piece: Any) -> str:
-        return piece_file(piece)
-
-    def read_labels(self, listing: Pieces) -> Iterator[np.ndarray]:
-        return read_labels(listing)
+    is_store = staticmethod(_no_store)
+    written_by_trainfeed = staticmethod(_no_store)
+    list_pieces = staticmethod(list_pieces)
+    read_piece = staticmethod(read_piece)
+    piece_file = staticmethod(piece_file)
+    read_labels = staticmethod(read_labels)
 
 
 BLOB = Blob()

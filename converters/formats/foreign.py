@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import io
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.layout import LABEL, SUPPORTED_DTYPES, DatasetSchema, FieldSpec
+from trainfeed.converters.option_docs import option
 
 ENCODINGS = ("auto", "npy", "raw", "list")
 NPY_MAGIC = b"\x93NUMPY"
@@ -37,12 +38,19 @@ HINT = ("a table another tool wrote is read by naming its columns: --tensor-colu
 class ForeignSchema:
     """How to read a table trainfeed did not write. Checked when built (UsageError)."""
 
-    tensor_column: str
-    shape: tuple[int, ...]
-    dtype: str = "float32"
-    label_column: str = LABEL
-    id_column: str | None = None
-    encoding: str = "auto"
+    tensor_column: str = option(help="The data is a Parquet folder or file or a Delta table another tool (Spark) "
+                                "wrote: the column holding each sample's tensor (.npy bytes, raw bytes or a list of "
+                                "numbers; see the tensor encoding). Needs the shape.")
+    shape: tuple[int, ...] = option(help="With a tensor column: one sample's shape, e.g. 30x30x10x10.")
+    dtype: str = option("float32", help="With a tensor column: the tensor's dtype (default float32).")
+    label_column: str = option(LABEL, help="With a tensor column: the integer label column (default: label).")
+    id_column: str | None = option(None, help="With a tensor column: a column of sample ids (any type, shown as "
+                                   "text). Default: row-N, the row's position in the table (files in name order; "
+                                   "Delta: the log's order).")
+    encoding: str = option("auto", flag="tensor-encoding", help="With a tensor column: npy (each value a whole .npy "
+                           "file), raw (little-endian bytes of the shape x the dtype), list (an array of numbers), "
+                           "or auto (default: list for list columns, else npy when the first value starts with the "
+                           ".npy magic, else raw).")
 
     def __post_init__(self) -> None:
         if not self.tensor_column:

@@ -11,15 +11,16 @@ calls on its pieces (formats/interface.py's ``PieceReader``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trainfeed.converters.errors import TrainfeedError
-from trainfeed.converters.formats import delta, parquet
+from trainfeed.converters.formats import parquet
+from trainfeed.converters.formats.delta_log import live_files
 from trainfeed.converters.formats.foreign import (
     ForeignSchema,
     check_columns,
@@ -27,9 +28,9 @@ from trainfeed.converters.formats.foreign import (
     decode_tensors,
     resolve_encoding,
 )
-from trainfeed.converters.formats.interface import Empty, PieceReader
-from trainfeed.converters.formats.options import Columns, OpenOptions, Pieces, labels_array
-from trainfeed.converters.formats.parquet import read_row_group
+from trainfeed.converters.formats.interface import Columns, Empty, OpenFiles, PieceReader, labels_array
+from trainfeed.converters.formats.options import OpenOptions
+from trainfeed.converters.formats.parquet import ArrowTable, RowGroup, RowGroupPieces, read_row_group
 from trainfeed.converters.storage.location import Location
 from trainfeed.converters.storage.native import Identity
 
@@ -44,18 +45,25 @@ class ForeignRead:
 
     foreign: ForeignSchema
     encoding: str
-    first_rows: dict[tuple[str, int], int]
+    first_rows: dict[RowGroup, int]
 
 
-def list_pieces(loc: Location, fmt: str, options: OpenOptions, foreign: ForeignSchema) -> Pieces:
-    """The row groups of the table at ``loc`` (``fmt``: parquet or delta), every file's columns
-    checked against ``foreign``, and the first row group decoded (its values must fit too)."""
+@dataclass(frozen=True, kw_only=True)
+class ForeignPieces(RowGroupPieces):
+    """The row groups of a table another tool wrote, and how its columns are read."""
+
+    read: ForeignRead
+
+
+def list_pieces(loc: Location, logged: bool, options: OpenOptions, foreign: ForeignSchema) -> ForeignPieces:
+    """The row groups of the table at ``loc`` (``logged``: a table with a log, Delta; else a
+    folder of Parquet files), every file's columns checked against ``foreign``, and the first row
+    group decoded (its values must fit too)."""
     schema = foreign.dataset_schema(loc.shown)
     spec = schema.fields[0]
-    if fmt == "delta":
-        table, files, sizes = delta.live_files(loc, options.version)
-        listing = parquet.file_pieces(loc, schema, spec, files, sizes, options)
-        listing.version = table.version()
+    if logged:
+        version, files, sizes = live_files(loc, options.version)
+        listing = parquet.file_pieces(loc, schema, spec, files, sizes, options, version=version)
     else:
         files, objects = _parquet_files(loc)
         object_sizes = None if objects is None else {f: o.size for f, o in objects.items()}
@@ -66,12 +74,11 @@ def list_pieces(loc: Location, fmt: str, options: OpenOptions, foreign: ForeignS
         check_columns(foreign, _arrow_schema(listing, f), _shown(loc, f))
     schema.samples = sum(listing.rows)
     starts = np.cumsum([0, *listing.rows[:-1]]).tolist()
-    first = read_row_group(listing, listing.pieces[0], foreign.columns, {})  # read once: encoding and check
+    first = read_row_group(listing, listing.pieces[0], foreign.columns, OpenFiles())  # read once: encoding, check
     read = ForeignRead(foreign, resolve_encoding(foreign, first.column(foreign.tensor_column).combine_chunks()),
                        dict(zip(listing.pieces, starts)))
-    listing.extra["foreign"] = read
     _decode(read, first, listing.pieces[0], np.empty)
-    return listing
+    return ForeignPieces(**{f.name: getattr(listing, f.name) for f in fields(listing)}, read=read)
 
 
 def _parquet_files(loc: Location) -> tuple[list[str], dict[str, Identity] | None]:
@@ -87,8 +94,8 @@ def _parquet_files(loc: Location) -> tuple[list[str], dict[str, Identity] | None
     return files, None if loc.local else objects
 
 
-def _arrow_schema(listing: Pieces, f: str) -> pa.Schema:
-    remote = listing.extra.get("remote")
+def _arrow_schema(listing: RowGroupPieces, f: str) -> pa.Schema:
+    remote = listing.remote
     return remote.footers[f].schema.to_arrow_schema() if remote else pq.read_schema(f)
 
 
@@ -97,13 +104,13 @@ def _shown(loc: Location, f: str) -> str:
     return loc.shown if f == loc.path else f"{loc.shown}/{f.rsplit('/', 1)[-1]}"
 
 
-def read_piece(listing: Pieces, piece: tuple[str, int], handles: dict[Any, Any], empty: Empty = np.empty) -> Columns:
+def read_piece(listing: ForeignPieces, piece: RowGroup, handles: OpenFiles, empty: Empty = np.empty) -> Columns:
     """One row group's named columns, decoded."""
-    read: ForeignRead = listing.extra["foreign"]
+    read = listing.read
     return _decode(read, read_row_group(listing, piece, read.foreign.columns, handles), piece, empty)
 
 
-def _decode(read: ForeignRead, table: pa.Table, piece: tuple[str, int], empty: Empty) -> Columns:
+def _decode(read: ForeignRead, table: ArrowTable, piece: RowGroup, empty: Empty) -> Columns:
     """A row group's columns, read, as samples, labels and ids."""
     foreign, where = read.foreign, f"{piece[0]} (row group {piece[1]})"
     x = decode_tensors(foreign, read.encoding, table.column(foreign.tensor_column), where, empty)
@@ -111,24 +118,18 @@ def _decode(read: ForeignRead, table: pa.Table, piece: tuple[str, int], empty: E
     return Columns(decode_ids(foreign, table, read.first_rows[piece], where), labels, x)
 
 
-def read_labels(listing: Pieces) -> Iterator[np.ndarray]:
+def read_labels(listing: ForeignPieces) -> Iterator[np.ndarray]:
     """The label column of each data file (-1 where null)."""
-    return parquet.read_labels(listing, listing.extra["foreign"].foreign.label_column)
+    return parquet.read_labels(listing, listing.read.foreign.label_column)
 
 
-class ForeignTable(PieceReader):
+class ForeignTable(PieceReader[RowGroup, ForeignPieces]):
     """The read engine's calls on the pieces of a table another tool wrote."""
 
     UNIT = UNIT
-
-    def read_piece(self, listing: Pieces, piece: Any, handles: dict[Any, Any], empty: Empty = np.empty) -> Columns:
-        return read_piece(listing, piece, handles, empty)
-
-    def piece_file(self, piece: Any) -> str:
-        return piece_file(piece)
-
-    def read_labels(self, listing: Pieces) -> Iterator[np.ndarray]:
-        return read_labels(listing)
+    read_piece = staticmethod(read_piece)
+    piece_file = staticmethod(piece_file)
+    read_labels = staticmethod(read_labels)
 
 
 READER = ForeignTable()

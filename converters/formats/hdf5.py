@@ -11,25 +11,29 @@ hdf5_writer.py; this module is the read side, and ``HDF5`` the registry's hdf5 f
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import h5py
 import numpy as np
 
 from trainfeed.converters.errors import TrainfeedError
 from trainfeed.converters.formats.hdf5_writer import FORMAT, SUFFIXES, is_single_file, write
-from trainfeed.converters.formats.interface import Empty, Format, Row, Where
-from trainfeed.converters.formats.manifest import read_manifest
-from trainfeed.converters.formats.options import (
+from trainfeed.converters.formats.interface import (
     Columns,
-    OpenOptions,
+    Empty,
+    Format,
+    OpenFiles,
     Pieces,
-    WriteOptions,
-    WriteResult,
+    Row,
+    Where,
     check_declared_rows,
     pick_field,
 )
+from trainfeed.converters.formats.manifest import read_manifest
+from trainfeed.converters.formats.options import OpenOptions, WriteOptions, WriteResult
 from trainfeed.converters.layout import (
     DATASET_META,
     ID,
@@ -51,6 +55,8 @@ DEFAULT_COMPRESSION = "none"
 COMPRESSION_LEVELS = {"gzip": (0, 9)}  # HDF5's gzip filter
 #: Fewest samples one piece (a run of whole chunks) holds.
 MIN_PIECE_ROWS = 64
+#: A piece: (data file, first row, end row), a run of whole chunks.
+Slice = tuple[str, int, int]
 
 
 def is_store(path: Where) -> bool:
@@ -85,13 +91,13 @@ class Opener:
     """Opens a store's HDF5 files: local paths as they are, objects on storage as a RangeFile
     (h5py reads through it: metadata in blocks, a piece's slice prefetched in one fetch)."""
 
-    def __init__(self, fetcher: Fetcher | None = None, sizes: dict[str, int] | None = None):
+    def __init__(self, fetcher: Fetcher | None = None, sizes: dict[str, int] | None = None) -> None:
         self.fetcher, self.sizes = fetcher, sizes or {}
         self.pins: dict[str, Pin] = {}  # local files as the store's listing found them
         self._blocks: dict[str, Blocks] = {}  # per object, shared by its handles (one per reading thread)
 
     @classmethod
-    def at(cls, loc: Location, options: OpenOptions = OpenOptions()) -> "Opener":
+    def at(cls, loc: Location, options: OpenOptions = OpenOptions()) -> Opener:
         if loc.local:
             return cls()
         objects = {loc.path: loc.identity()} if loc.is_file() else loc.objects()
@@ -107,6 +113,22 @@ class Opener:
         blocks = self._blocks.setdefault(f, Blocks(self.fetcher, f, self.sizes[f]))
         file = RangeFile(self.fetcher, f, self.sizes[f], blocks)
         return h5py.File(file, "r"), file
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlicePieces(Pieces[Slice]):
+    """The chunk slices of a store's HDF5 files, how its files are opened, and on object
+    storage each slice's tensor bytes (what a reader fetches ahead)."""
+
+    opener: Opener
+    spans: dict[Slice, tuple[int, int]]
+
+
+class _Handle:
+    """An HDF5 file a reading thread keeps open, and on object storage the RangeFile under it."""
+
+    def __init__(self, opened: tuple[h5py.File, RangeFile | None]) -> None:
+        self.h5, self.remote = opened
 
 
 def _single(loc: Location) -> bool:
@@ -143,8 +165,8 @@ def read_samples(path: Where, storage_options: dict[str, Any] | None = None) -> 
     """Every sample with all its fields, in write order (what ``--verify`` compares): the
     pieces training reads (slices of whole chunks, plain h5py)."""
     listing = list_pieces(as_location(path, storage_options), OpenOptions())
-    schema, opener = listing.schema, listing.extra["opener"]
-    handles: dict[Any, Any] = {}
+    schema, opener = listing.schema, listing.opener
+    handles: dict[str, h5py.File] = {}
     for f, start, stop in listing.pieces:
         h5 = handles.get(f) or handles.setdefault(f, opener.open(f)[0])
         ids = [x.decode() if isinstance(x, bytes) else x for x in h5[ID][start:stop]]
@@ -168,7 +190,7 @@ def _field_slice(h5: Any, spec: FieldSpec, start: int, stop: int) -> np.ndarray:
     return values
 
 
-def list_pieces(path: Where, options: OpenOptions) -> Pieces:
+def list_pieces(path: Where, options: OpenOptions) -> SlicePieces:
     """Chunk-aligned slices of every file (whole chunks, >= MIN_PIECE_ROWS samples each),
     checked: datasets of equal length, the schema's shapes, the manifest's counts."""
     loc = as_location(path, options.storage_options)
@@ -178,8 +200,9 @@ def list_pieces(path: Where, options: OpenOptions) -> Pieces:
     files = data_files(loc)
     if loc.local:
         opener.pins = pin_files(files)
-    pieces, rows = [], []
-    spans: dict[tuple[str, int, int], tuple[int, int]] = {}  # on object storage: a piece's tensor bytes
+    pieces: list[Slice] = []
+    rows: list[int] = []
+    spans: dict[Slice, tuple[int, int]] = {}  # on object storage: a piece's tensor bytes
     for f in files:
         h5, remote = opener.open(f)
         with h5:
@@ -195,8 +218,8 @@ def list_pieces(path: Where, options: OpenOptions) -> Pieces:
                     lo, hi = _slice_span(ds, start, piece[2])
                     if hi > lo:
                         spans[piece] = (max(0, lo), min(remote.size, hi))
-    listing = Pieces(schema, spec, pieces, rows, files, extra={"opener": opener, "sizes": opener.sizes,
-                                                                "spans": spans}, fetcher=opener.fetcher)
+    listing = SlicePieces(schema=schema, spec=spec, pieces=pieces, rows=rows, files=files, sizes=opener.sizes,
+                          fetcher=opener.fetcher, opener=opener, spans=spans)
     declared = {} if _single(loc) else \
         {loc.file(s["file"]): s.get("rows") for s in read_manifest(loc, FORMAT)["parts"]}
     check_declared_rows(loc.shown, listing, declared, piece_file)
@@ -224,26 +247,24 @@ def _rows_in(h5: Any, path: str, schema: DatasetSchema) -> int:
     return lengths[ID]
 
 
-def piece_file(piece: tuple[str, int, int]) -> str:
+def piece_file(piece: Slice) -> str:
     return piece[0]
 
 
-def piece_span(listing: Pieces, piece: tuple[str, int, int]) -> tuple[str, int, int] | None:
+def piece_span(listing: SlicePieces, piece: Slice) -> tuple[str, int, int] | None:
     """(object, start, end) of a remote piece's tensor slice, the span ``read_piece`` prefetches:
     what a reader asks the fetcher for ahead of decoding it. Ids and labels are small and read
     through the file's block cache."""
-    span = listing.extra["spans"].get(piece)
+    span = listing.spans.get(piece)
     return None if span is None else (piece[0], *span)
 
 
-def read_piece(listing: Pieces, piece: tuple[str, int, int], handles: dict[Any, Any],
-               empty: Empty = np.empty) -> Columns:
+def read_piece(listing: SlicePieces, piece: Slice, handles: OpenFiles, empty: Empty = np.empty) -> Columns:
     """One contiguous slice of each dataset. ``handles``: open files kept by the caller (one
-    dict per reading thread). ``empty(shape, dtype)``: where a raw tensor slice is read into."""
+    per reading thread). ``empty(shape, dtype)``: where a raw tensor slice is read into."""
     f, start, stop = piece
-    if f not in handles:
-        handles[f] = listing.extra["opener"].open(f)
-    h5, remote = handles[f]
+    handle = handles.get(f, _Handle, lambda: _Handle(listing.opener.open(f)))
+    h5, remote = handle.h5, handle.remote
     ds = h5[listing.spec.name]
     span = piece_span(listing, piece)
     if remote is not None and span is not None:
@@ -281,16 +302,30 @@ def _slice_span(ds: h5py.Dataset, start: int, stop: int) -> tuple[int, int]:
         else (0, 0)
 
 
-def read_labels(listing: Pieces) -> Iterator[np.ndarray]:
+def read_labels(listing: SlicePieces) -> Iterator[np.ndarray]:
     for f in listing.files:
-        h5, _ = listing.extra["opener"].open(f)
+        h5, _ = listing.opener.open(f)
         with h5:
             yield h5[LABEL][:].astype(np.int64) if listing.schema.labeled else np.full(h5[ID].shape[0], -1, np.int64)
 
 
 # ------------------------------------------------------------------ the registry's format
 
-class Hdf5(Format):
+def _written_by_trainfeed(path: Where) -> bool:
+    """A single file: its root attributes; a folder of shards: its manifest."""
+    loc = as_location(path)
+    if loc.local and Path(loc.path).is_dir():
+        return is_store(loc)
+    return written_by_trainfeed(path)
+
+
+def _write(path: Where, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
+           on_part: Callable[[str], None] | None = None) -> WriteResult:
+    assert not isinstance(path, Location), "HDF5 is written to a local folder (uploaded from there)"
+    return write(path, schema, batches, opts, on_part)
+
+
+class Hdf5(Format[Slice, SlicePieces]):
     """HDF5 stores, one file or a folder of shards (formats/interface.py says what each member is for)."""
 
     name, label, noun, foreign_noun = FORMAT, "HDF5", "an HDF5 store", "an HDF5 file"
@@ -301,44 +336,17 @@ class Hdf5(Format):
     part_names = r"shard-\d{5}\.h5"
     run_part_names = r"shard-\d{5}-[0-9a-f]{8}\.h5"  # as publish.py tags a shard with its run
 
-    def is_store(self, path: Where) -> bool:
-        return is_store(path)
-
-    def written_by_trainfeed(self, path: Where) -> bool:
-        """A single file: its root attributes; a folder of shards: its manifest."""
-        loc = as_location(path)
-        if loc.local and Path(loc.path).is_dir():
-            return is_store(loc)
-        return written_by_trainfeed(path)
-
-    def write(self, path: Where, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
-              on_part: Callable[[str], None] | None = None) -> WriteResult:
-        assert not isinstance(path, Location), "HDF5 is written to a local folder (uploaded from there)"
-        return write(path, schema, batches, opts, on_part)
-
-    def read_schema(self, path: Where) -> DatasetSchema:
-        return read_schema(path)
-
-    def read_samples(self, path: Where, storage_options: dict[str, Any] | None = None) -> Iterator[Row]:
-        return read_samples(path, storage_options)
-
-    def data_files(self, path: Where) -> list[str]:
-        return data_files(path)
-
-    def list_pieces(self, path: Where, options: OpenOptions) -> Pieces:
-        return list_pieces(path, options)
-
-    def read_piece(self, listing: Pieces, piece: Any, handles: dict[Any, Any], empty: Empty = np.empty) -> Columns:
-        return read_piece(listing, piece, handles, empty)
-
-    def piece_file(self, piece: Any) -> str:
-        return piece_file(piece)
-
-    def piece_span(self, listing: Pieces, piece: Any) -> tuple[str, int, int] | None:
-        return piece_span(listing, piece)
-
-    def read_labels(self, listing: Pieces) -> Iterator[np.ndarray]:
-        return read_labels(listing)
+    is_store = staticmethod(is_store)
+    written_by_trainfeed = staticmethod(_written_by_trainfeed)
+    write = staticmethod(_write)
+    read_schema = staticmethod(read_schema)
+    read_samples = staticmethod(read_samples)
+    data_files = staticmethod(data_files)
+    list_pieces = staticmethod(list_pieces)
+    read_piece = staticmethod(read_piece)
+    piece_file = staticmethod(piece_file)
+    piece_span = staticmethod(piece_span)
+    read_labels = staticmethod(read_labels)
 
 
 HDF5 = Hdf5()

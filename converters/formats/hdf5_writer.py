@@ -7,9 +7,10 @@ import io
 import os
 import signal
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import suppress
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 import h5py
 import numpy as np
@@ -44,7 +45,7 @@ class _Sink(io.RawIOBase):
     can still be closed, and ``check()`` raises it. The file is only ever a staging copy,
     deleted after a failure."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path) -> None:
         self.file = open(path, "w+b", buffering=0)  # noqa: SIM115 - closed by close()
         self.error: OSError | None = None
 
@@ -124,7 +125,7 @@ def _ctrl_c_after(fn: F) -> F:
 class _File:
     """One HDF5 file being filled; datasets grow along axis 0 as batches arrive."""
 
-    def __init__(self, path: Path, schema: DatasetSchema):
+    def __init__(self, path: Path, schema: DatasetSchema) -> None:
         self.path, self.schema = path, schema
         self.rows = 0
         self.sink: _Sink | None = None
@@ -268,7 +269,7 @@ def _close_all(files: list[_File], schema: DatasetSchema | None) -> None:
     for f in files:
         try:
             f.close(schema)
-        except Exception as exc:  # noqa: BLE001 - re-raised below
+        except Exception as exc:
             error = error or exc
     if error is not None:
         raise error

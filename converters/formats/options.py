@@ -1,19 +1,16 @@
 """What every format module shares: write options and results, the options a store is opened
-with, the read side's piece list and the columns one piece reads into, and size parsing for the CLI."""
+with, and size parsing for the CLI (the read side's listing and columns: pieces.py)."""
 from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass, field
-from typing import Any, Callable, TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
-import numpy as np
-
-from trainfeed.converters.errors import TrainfeedError, UsageError
+from trainfeed.converters.errors import UsageError
 from trainfeed.converters.formats.foreign import ForeignSchema
-from trainfeed.converters.layout import DatasetSchema, FieldSpec
-from trainfeed.converters.storage.fetch import DEFAULT_IO_CONCURRENCY, Fetcher
-from trainfeed.converters.storage.pins import Pin
+from trainfeed.converters.option_docs import option
+from trainfeed.converters.storage.fetch import DEFAULT_IO_CONCURRENCY
 
 OptionsT = TypeVar("OptionsT")
 
@@ -33,13 +30,26 @@ def parse_size(text: str | int, what: str = "size") -> int:
 
 @dataclass(frozen=True)
 class WriteOptions:
-    target_file_size: int = 128 * 10**6
-    row_group_size: int = 32 * 10**6
-    compression: str = "none"
-    compression_level: int | None = None
-    hdf5_chunk_size: int = 1 * 10**6
-    mode: str = "create"  # create | overwrite | append
-    tensor_column: str = "binary"  # Parquet/Delta: "binary" (bytes) or "list" (array of numbers)
+    target_file_size: int = option(128 * 10**6, cli_default="128MB", help="Approximate size of each output file "
+                                   "(Parquet part, Delta file, HDF5 shard).")
+    row_group_size: int = option(32 * 10**6, cli_default="32MB", help="Approximate uncompressed size of a Parquet "
+                                 "row group (the unit a Petastorm worker reads).")
+    compression: str = option("none", help="The codec: none (the default: float tensors and JPEG bytes hardly "
+                              "compress and a codec costs throughput); zstd for data that does (masks, integer CT, "
+                              "pixels).")
+    compression_level: int | None = option(None, help="The codec's level; codecs without levels take none.")
+    hdf5_chunk_size: int = option(1 * 10**6, cli_default="1MB", help="Approximate HDF5 chunk size; chunks span "
+                                  "whole samples along the first axis.")
+    mode: str = option("create", help="create: refuse an existing destination. overwrite: replace, atomically, a "
+                       "store trainfeed wrote (or an empty folder); anything else there is refused and left "
+                       "untouched. append: add, in one commit, to a versioned store (Delta table) trainfeed wrote "
+                       "(or create it where there is none): the fields and the kind of labels must match; a class "
+                       "the table knows keeps its number, a new class gets the next free number; ids already in the "
+                       "table are rejected (the error policy decides whether that stops the run), and an id another "
+                       "writer added meanwhile fails the run with nothing appended.")
+    tensor_column: str = option("binary", help="parquet/delta: how a tensor is stored. binary: its little-endian "
+                                "bytes (fastest to write and read). list: an array of numbers (what Spark and DuckDB "
+                                "show as arrays; about 2-3x slower to read; not for float16).")
 
     def rows_per_group(self, sample_nbytes: int) -> int:
         return max(1, self.row_group_size // max(1, sample_nbytes))
@@ -60,19 +70,37 @@ class OpenOptions:
     format's ``list_pieces``). Frozen and picklable: an opened store keeps the options it was
     opened with, and DataLoader worker processes receive them with it."""
 
-    version: int | None = None  # Delta: the table version to read; None: the latest
-    field: str | None = None  # the tensor field batches deliver as x; None: the store's first
-    labels: str | None = None  # a folder of small files: a CSV (id,label) of their labels, as convert takes it
-    classes: tuple[str, ...] | None = None  # a folder of small files: class names in label order (else sorted)
-    cast: str | None = None  # a folder of small files: arrays read as this dtype, no value changed ("auto": found)
-    storage_options: dict[str, Any] = dataclasses.field(default_factory=dict)  # object storage credentials, settings
-    # stores on object storage (see converters/storage/fetch.py)
-    io_concurrency: int = DEFAULT_IO_CONCURRENCY  # range requests in flight for the whole reader
-    cache_dir: str | None = None  # keep what is read here (a local folder), so that later epochs read local disk
-    cache_limit: int = 10 * 10**9  # bytes the cache may hold
-    image_size: tuple[int, int] | None = None  # encoded images: (height, width) to decode to; None: the store's size
-    fit: str | None = None  # arrays: one shape for every sample, pad:SHAPE | crop:SHAPE | resize:SHAPE (fitting.py)
-    foreign: ForeignSchema | None = None  # a Parquet/Delta table another tool wrote: its columns and tensor encoding
+    version: int | None = option(None, flag="delta-version", help="A versioned store (Delta table): read this "
+                                 "version (0 to the latest). Default: the latest.")
+    field: str | None = option(None, help="The tensor field batches deliver as x. Default: the store's first.")
+    labels: str | None = option(None, help="A folder of small files: a labels CSV (id,label), as convert takes it "
+                                "(default: labels.csv in the folder when there is one, else class subfolders).")
+    classes: tuple[str, ...] | None = option(None, help="A folder of small files: class names in label order "
+                                             "(default: sorted).")
+    cast: str | None = option(None, help="A folder of small files: read every array as this dtype where no value "
+                              "changes (a file with one that would is an error naming it), for a folder mixing "
+                              "dtypes; auto: the smallest dtype that holds every .npy file's, found in their headers "
+                              "first (as convert --dtype auto).")
+    storage_options: dict[str, Any] = option(factory=dict, flag="storage-option", help=(
+        "Object storage: credentials and settings in fsspec's names (connection_string, account_name, key, "
+        "secret, endpoint_url, ...; call_timeout=SECONDS, default 30); Delta logs are read with the same."))
+    io_concurrency: int = option(DEFAULT_IO_CONCURRENCY, help="Stores on object storage: range requests in flight "
+                                 "for the whole reader (apart from the reading threads, which decode).")
+    cache_dir: str | None = option(None, help="Stores on object storage: keep what is read in this local folder, so "
+                                   "that epochs after the first read local disk.")
+    cache_limit: int = option(10 * 10**9, cli_default="10GB", help="Most bytes the cache folder may hold (least "
+                              "recently used ranges are evicted), e.g. 500MB, 20GiB.")
+    image_size: tuple[int, int] | None = option(None, help="Encoded images (JPEG/PNG, decoded while reading) and "
+                                                "image folders: decode every image to HEIGHTxWIDTH, e.g. 64x64. "
+                                                "Default: the store's size, else the first image's; needed when the "
+                                                "images differ in size.")
+    fit: str | None = option(None, help="Arrays of different shapes (a store converted ragged, or a folder mixing "
+                             "shapes) batched as one shape: pad:SHAPE (zeros at each axis's end; a larger sample is "
+                             "refused), crop:SHAPE (the centre, padded where shorter) or resize:SHAPE (linear), e.g. "
+                             "pad:64x64x1. A sample with fewer axes gets leading axes of 1.")
+    #: A Parquet/Delta table another tool wrote: its columns and tensor encoding (the command line
+    #: and open_store take it as tensor_column, shape, dtype, label_column, id_column, tensor_encoding).
+    foreign: ForeignSchema | None = None
 
 
 def merge_options(cls: type[OptionsT], options: OptionsT | None, keywords: dict[str, Any]) -> OptionsT:
@@ -99,71 +127,3 @@ def _differs(a: Any, b: Any) -> bool:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return tuple(a) != tuple(b)
     return bool(a != b)
-
-
-@dataclass
-class Pieces:
-    """A store's units of reading (row groups, chunk slices, files) in a stable order, with
-    the rows each holds: enough to plan an epoch without reading any data."""
-
-    schema: DatasetSchema
-    spec: FieldSpec  # the tensor field read
-    pieces: list[Any]
-    rows: list[int]
-    files: list[str]  # data files (blob: none)
-    version: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    #: On object storage, for a format that ``fetches_ahead``: where a reader requests the bytes
-    #: of the pieces it will decode next (``Format.piece_span``).
-    fetcher: Fetcher | None = None
-    #: On local disk: each data file as it was when the store was opened (a reader opens only that).
-    pins: dict[str, Pin] = field(default_factory=dict)
-
-
-@dataclass
-class Columns:
-    """One piece read: ids, labels (int64, -1 where unlabeled) and the tensor field, (n, *shape)
-    (a ragged field: an object array of arrays, each in its own shape); once fitted to one shape,
-    each sample's own (``shapes``, (n, ndim))."""
-
-    ids: list[str]
-    labels: np.ndarray
-    x: np.ndarray
-    shapes: np.ndarray | None = None
-
-
-def pick_field(schema: DatasetSchema, name: str | None, path: object) -> FieldSpec:
-    if not schema.fields:
-        raise TrainfeedError(f"{path}: store has no tensor fields")
-    if name is None:
-        return schema.fields[0]
-    try:
-        return schema.field(name)
-    except KeyError:
-        raise TrainfeedError(f"{path}: store has no field {name!r} (fields: {', '.join(schema.field_names)})") from None
-
-
-def check_declared_rows(path: object, listing: Pieces, declared_per_file: dict[str, int | None],
-                        piece_file: Callable[[Any], str]) -> None:
-    """The rows the pieces hold must be what the store declares: per file (manifest) and in
-    all (``schema.samples``). A mismatch means a damaged or hand-edited store: never train on it."""
-    held: dict[str, int] = {}
-    for piece, rows in zip(listing.pieces, listing.rows):
-        held[piece_file(piece)] = held.get(piece_file(piece), 0) + rows
-    for f, declared in declared_per_file.items():
-        if declared is not None and declared != held.get(f, 0):
-            raise TrainfeedError(f"{f}: the store's manifest declares {declared} samples in this file, "
-                                 f"it holds {held.get(f, 0)}: the store is damaged or was modified; convert it again")
-    total = sum(listing.rows)
-    if listing.schema.samples is not None and listing.schema.samples != total:
-        raise TrainfeedError(f"{path}: the store declares {listing.schema.samples} samples, its files hold "
-                             f"{total}: the store is damaged or was modified; convert it again")
-
-
-def labels_array(values: Any) -> np.ndarray:
-    """A label column (numpy or Arrow's numpy form) -> int64, -1 where null."""
-    arr = np.asarray(values)
-    if arr.dtype == object:  # nulls in an unlabeled store
-        return np.array([-1 if v is None else int(v) for v in arr], dtype=np.int64)
-    labels: np.ndarray = np.nan_to_num(arr, nan=-1).astype(np.int64)
-    return labels

@@ -8,27 +8,30 @@ write side is parquet_writer.py."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, cast
+from dataclasses import dataclass, replace
+from typing import Any, TypeAlias, cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trainfeed.converters.errors import TrainfeedError
-from trainfeed.converters.formats.interface import Empty, Format, Row, Where
-from trainfeed.converters.formats.manifest import read_manifest
-from trainfeed.converters.formats.options import (
+from trainfeed.converters.formats.interface import (
     Columns,
-    OpenOptions,
+    Empty,
+    Format,
+    OpenFiles,
     Pieces,
-    WriteOptions,
-    WriteResult,
+    Row,
+    Where,
     check_declared_rows,
     labels_array,
     pick_field,
 )
+from trainfeed.converters.formats.manifest import read_manifest
+from trainfeed.converters.formats.options import OpenOptions, WriteOptions, WriteResult
 from trainfeed.converters.formats.parquet_writer import (
     COMPRESSION_LEVELS,
     COMPRESSIONS,
@@ -52,6 +55,11 @@ from trainfeed.converters.storage.native import Identity
 from trainfeed.converters.storage.pins import open_pinned, pin_files
 
 UNIT = "row groups"
+#: A piece: (data file, row group index).
+RowGroup = tuple[str, int]
+#: pyarrow's types (pyarrow ships no type information): what crosses this module's boundary.
+ArrowTable: TypeAlias = pa.Table
+Footer: TypeAlias = pq.FileMetaData
 
 
 def is_store(path: Where) -> bool:
@@ -78,15 +86,15 @@ def read_samples(path: Where, storage_options: dict[str, Any] | None = None) -> 
     return row_group_samples(list_pieces(as_location(path, storage_options), OpenOptions()))
 
 
-def row_group_samples(listing: Pieces) -> Iterator[Row]:
-    handles: dict[Any, Any] = {}
+def row_group_samples(listing: RowGroupPieces) -> Iterator[Row]:
+    handles = OpenFiles()
     for f, rg in listing.pieces:
         yield from from_record_batch(_parquet_file(listing, f, handles).read_row_group(rg), listing.schema)
 
 
 # ------------------------------------------------------------------ read side (shared with Delta)
 
-def list_pieces(path: Where, options: OpenOptions) -> Pieces:
+def list_pieces(path: Where, options: OpenOptions) -> RowGroupPieces:
     """Every row group of the manifest's parts, file by file, checked against the manifest's counts."""
     loc = as_location(path, options.storage_options)
     manifest = read_manifest(loc, FORMAT)
@@ -102,28 +110,31 @@ def list_pieces(path: Where, options: OpenOptions) -> Pieces:
 
 
 def file_pieces(loc: Location, schema: DatasetSchema, spec: FieldSpec, files: list[str], sizes: dict[str, int] | None,
-                options: OpenOptions, identities: dict[str, Identity] | None = None) -> Pieces:
+                options: OpenOptions, identities: dict[str, Identity] | None = None,
+                version: int | None = None) -> RowGroupPieces:
     """The row groups of ``files`` in ``loc``: read locally, or on object storage through range
     requests (``sizes``: each file's size, from the caller's listing or log; ``identities``:
-    each object's version, else one listing of ``loc`` gives them)."""
+    each object's version, else one listing of ``loc`` gives them; ``version``: the table
+    version they are the live files of)."""
     if loc.local:
-        return row_group_pieces(schema, spec, files)
+        return replace(row_group_pieces(schema, spec, files), version=version)
     sizes = sizes or {}
     identities = loc.objects() if identities is None else identities
     versions = {f: identities.get(f) or Identity(sizes[f]) for f in files if f in sizes}
-    return remote_row_group_pieces(schema, spec, files, sizes,
-                                   open_fetcher(loc, options.io_concurrency, options.cache_dir, options.cache_limit,
-                                                versions))
+    fetcher = open_fetcher(loc, options.io_concurrency, options.cache_dir, options.cache_limit, versions)
+    return replace(remote_row_group_pieces(schema, spec, files, sizes, fetcher), version=version)
 
 
-def row_group_pieces(schema: DatasetSchema, spec: FieldSpec, files: list[str]) -> Pieces:
-    pieces, rows, pinned = [], [], pin_files(files)
+def row_group_pieces(schema: DatasetSchema, spec: FieldSpec, files: list[str]) -> RowGroupPieces:
+    pieces: list[RowGroup] = []
+    rows: list[int] = []
+    pinned = pin_files(files)
     for f in files:
         meta = open_pinned(f, pinned[f], functools.partial(pq.ParquetFile, f)).metadata
         for rg in range(meta.num_row_groups):
             pieces.append((f, rg))
             rows.append(meta.row_group(rg).num_rows)
-    return Pieces(schema, spec, pieces, rows, files, pins=pinned)
+    return RowGroupPieces(schema=schema, spec=spec, pieces=pieces, rows=rows, files=files, pins=pinned)
 
 
 @dataclass
@@ -133,7 +144,7 @@ class RemoteParts:
 
     fetcher: Fetcher
     sizes: dict[str, int]
-    footers: dict[str, pq.FileMetaData]
+    footers: dict[str, Footer]
 
     def open(self, f: str, span: tuple[int, int] | None = None) -> pq.ParquetFile:
         file = RangeFile(self.fetcher, f, self.sizes[f])
@@ -142,8 +153,16 @@ class RemoteParts:
         return pq.ParquetFile(file, metadata=self.footers[f])
 
 
+@dataclass(frozen=True, kw_only=True)
+class RowGroupPieces(Pieces[RowGroup]):
+    """The row groups of Parquet files (a Parquet store, a Delta table's live files, a table
+    another tool wrote); ``remote``: on object storage, how they are read (None locally)."""
+
+    remote: RemoteParts | None = None
+
+
 def remote_row_group_pieces(schema: DatasetSchema, spec: FieldSpec, files: list[str], sizes: dict[str, int],
-                            fetcher: Fetcher) -> Pieces:
+                            fetcher: Fetcher) -> RowGroupPieces:
     """``row_group_pieces`` for files on object storage: the footers are read concurrently (one
     or two range requests each), the sizes come from the caller's listing."""
     missing = [f for f in files if f not in sizes]
@@ -152,16 +171,17 @@ def remote_row_group_pieces(schema: DatasetSchema, spec: FieldSpec, files: list[
                              "missing): the store is incomplete or was changed while being opened")
     with ThreadPoolExecutor(fetcher.io_concurrency) as pool:
         footers = dict(zip(files, pool.map(lambda f: pq.read_metadata(RangeFile(fetcher, f, sizes[f])), files)))
-    pieces, rows = [], []
+    pieces: list[RowGroup] = []
+    rows: list[int] = []
     for f in files:
         for rg in range(footers[f].num_row_groups):
             pieces.append((f, rg))
             rows.append(footers[f].row_group(rg).num_rows)
-    return Pieces(schema, spec, pieces, rows, files,
-                  extra={"remote": RemoteParts(fetcher, sizes, footers), "sizes": sizes}, fetcher=fetcher)
+    return RowGroupPieces(schema=schema, spec=spec, pieces=pieces, rows=rows, files=files, sizes=sizes,
+                          fetcher=fetcher, remote=RemoteParts(fetcher, sizes, footers))
 
 
-def row_group_span(meta: pq.FileMetaData, rg: int, columns: list[str]) -> tuple[int, int]:
+def row_group_span(meta: Footer, rg: int, columns: list[str]) -> tuple[int, int]:
     """The bytes holding ``columns`` of row group ``rg``: one range covers them (they are
     adjacent in the file), so a piece is one concurrent fetch instead of a request per page."""
     group, lo, hi = meta.row_group(rg), None, None
@@ -175,25 +195,25 @@ def row_group_span(meta: pq.FileMetaData, rg: int, columns: list[str]) -> tuple[
     return (lo or 0, hi or 0)
 
 
-def _parquet_file(listing: Pieces, f: str, handles: dict[Any, Any], columns: list[str] | None = None,
+def _parquet_file(listing: RowGroupPieces, f: str, handles: OpenFiles, columns: list[str] | None = None,
                   rg: int | None = None) -> pq.ParquetFile:
     """A ParquetFile for reading row group ``rg`` of ``f``: local files are kept open in
     ``handles``; on object storage the row group's bytes are fetched first, in one go."""
-    remote: RemoteParts | None = listing.extra.get("remote")
+    remote = listing.remote
     if remote is None:
-        return handles.get(f) or handles.setdefault(f, open_pinned(f, listing.pins.get(f), lambda: pq.ParquetFile(f)))
+        return handles.get(f, pq.ParquetFile, lambda: open_pinned(f, listing.pins.get(f), lambda: pq.ParquetFile(f)))
     span = row_group_span(remote.footers[f], rg, columns) if rg is not None and columns else None
     return remote.open(f, span)
 
 
-def piece_file(piece: tuple[str, int]) -> str:
+def piece_file(piece: RowGroup) -> str:
     return piece[0]
 
 
-def piece_span(listing: Pieces, piece: tuple[str, int]) -> tuple[str, int, int] | None:
+def piece_span(listing: RowGroupPieces, piece: RowGroup) -> tuple[str, int, int] | None:
     """(object, start, end) a remote row group's read fetches (None locally): what a reader
     asks the fetcher for ahead of decoding it."""
-    remote: RemoteParts | None = listing.extra.get("remote")
+    remote = listing.remote
     if remote is None:
         return None
     f, rg = piece
@@ -205,20 +225,20 @@ def piece_columns(spec: FieldSpec) -> list[str]:
     return [ID, LABEL, spec.name, *([spec.shape_column] if spec.is_ragged else [])]
 
 
-def read_piece(listing: Pieces, piece: tuple[str, int], handles: dict[Any, Any], empty: Empty = np.empty) -> Columns:
+def read_piece(listing: RowGroupPieces, piece: RowGroup, handles: OpenFiles, empty: Empty = np.empty) -> Columns:
     """One row group; a binary tensor column becomes a zero-copy view of its data buffer (all
     values have the same length, so the buffer is the stacked tensors). ``handles``: open
     files kept by the caller (one dict per reading thread). ``empty``: unused (Arrow allocates)."""
     return table_columns(read_row_group(listing, piece, piece_columns(listing.spec), handles), listing.spec)
 
 
-def read_row_group(listing: Pieces, piece: tuple[str, int], columns: list[str], handles: dict[Any, Any]) -> pa.Table:
+def read_row_group(listing: RowGroupPieces, piece: RowGroup, columns: list[str], handles: OpenFiles) -> ArrowTable:
     """``columns`` of one row group (on object storage, fetched in one range request)."""
     f, rg = piece
     return _parquet_file(listing, f, handles, columns, rg).read_row_group(rg, columns=columns)
 
 
-def table_columns(table: pa.Table, spec: FieldSpec) -> Columns:
+def table_columns(table: ArrowTable, spec: FieldSpec) -> Columns:
     chunked = table.column(spec.name)
     # one row group reads as one chunk: take it as is (combine_chunks would copy it)
     col = chunked.chunk(0) if chunked.num_chunks == 1 else chunked.combine_chunks()
@@ -239,15 +259,15 @@ def table_columns(table: pa.Table, spec: FieldSpec) -> Columns:
     return Columns(table.column(ID).to_pylist(), labels_array(table.column(LABEL).to_numpy(zero_copy_only=False)), x)
 
 
-def ids_in(listing: Pieces, files: list[str]) -> set[str]:
+def ids_in(listing: RowGroupPieces, files: list[str]) -> set[str]:
     """Every sample id in ``files`` of the listing (the id column only)."""
-    return {i for f in files for i in _parquet_file(listing, f, {}).read(columns=[ID]).column(ID).to_pylist()}
+    return {i for f in files for i in _parquet_file(listing, f, OpenFiles()).read(columns=[ID]).column(ID).to_pylist()}
 
 
-def read_labels(listing: Pieces, column_name: str = LABEL) -> Iterator[np.ndarray]:
+def read_labels(listing: RowGroupPieces, column_name: str = LABEL) -> Iterator[np.ndarray]:
     """The label column (``column_name``) of each data file (-1 where unlabeled)."""
     for f in listing.files:
-        column = _parquet_file(listing, f, {}).read(columns=[column_name]).column(column_name).combine_chunks()
+        column = _parquet_file(listing, f, OpenFiles()).read(columns=[column_name]).column(column_name).combine_chunks()
         yield labels_array(column.to_numpy(zero_copy_only=False))
 
 
@@ -259,21 +279,19 @@ class RowGroups:
     ``PieceReader`` members."""
 
     UNIT = UNIT
-
-    def read_piece(self, listing: Pieces, piece: Any, handles: dict[Any, Any], empty: Empty = np.empty) -> Columns:
-        return read_piece(listing, piece, handles, empty)
-
-    def piece_file(self, piece: Any) -> str:
-        return piece_file(piece)
-
-    def piece_span(self, listing: Pieces, piece: Any) -> tuple[str, int, int] | None:
-        return piece_span(listing, piece)
-
-    def read_labels(self, listing: Pieces) -> Iterator[np.ndarray]:
-        return read_labels(listing)
+    read_piece = staticmethod(read_piece)
+    piece_file = staticmethod(piece_file)
+    piece_span = staticmethod(piece_span)
+    read_labels = staticmethod(read_labels)
 
 
-class Parquet(RowGroups, Format):
+def _write(path: Where, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
+           on_part: Callable[[str], None] | None = None) -> WriteResult:
+    assert not isinstance(path, Location), "Parquet is written to a local folder (uploaded from there)"
+    return write(path, schema, batches, opts, on_part)
+
+
+class Parquet(RowGroups, Format[RowGroup, RowGroupPieces]):
     """Parquet stores (formats/interface.py says what each member is for)."""
 
     name, label, noun = FORMAT, "Parquet", "a Parquet store"
@@ -283,28 +301,13 @@ class Parquet(RowGroups, Format):
     part_names = r"part-\d{5}\.parquet"
     run_part_names = r"part-\d{5}-[0-9a-f]{8}\.parquet"  # as publish.py tags a part with its run
 
-    def is_store(self, path: Where) -> bool:
-        return is_store(path)
-
-    def written_by_trainfeed(self, path: Where) -> bool:
-        return is_store(path)  # its manifest, validated, is trainfeed's mark
-
-    def write(self, path: Where, schema: DatasetSchema, batches: Iterator[list[Sample]], opts: WriteOptions,
-              on_part: Callable[[str], None] | None = None) -> WriteResult:
-        assert not isinstance(path, Location), "Parquet is written to a local folder (uploaded from there)"
-        return write(path, schema, batches, opts, on_part)
-
-    def read_schema(self, path: Where) -> DatasetSchema:
-        return read_schema(path)
-
-    def read_samples(self, path: Where, storage_options: dict[str, Any] | None = None) -> Iterator[Row]:
-        return read_samples(path, storage_options)
-
-    def data_files(self, path: Where) -> list[str]:
-        return data_files(path)
-
-    def list_pieces(self, path: Where, options: OpenOptions) -> Pieces:
-        return list_pieces(path, options)
+    is_store = staticmethod(is_store)
+    written_by_trainfeed = staticmethod(is_store)  # its manifest, validated, is trainfeed's mark
+    write = staticmethod(_write)
+    read_schema = staticmethod(read_schema)
+    read_samples = staticmethod(read_samples)
+    data_files = staticmethod(data_files)
+    list_pieces = staticmethod(list_pieces)
 
 
 PARQUET = Parquet()

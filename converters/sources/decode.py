@@ -18,6 +18,7 @@ from PIL import Image, UnidentifiedImageError
 
 from trainfeed.converters.errors import SampleError, UsageError
 from trainfeed.converters.layout import IMAGE_BYTES, RAW, RESERVED, SUPPORTED_DTYPES
+from trainfeed.converters.option_docs import option
 from trainfeed.converters.sources.listing import IMAGE, NPY, NPZ, SourceFile, read_bytes
 
 VOLUME_FIELD, IMAGE_FIELD = "volume", "image"
@@ -39,11 +40,22 @@ class Sample:
 
 @dataclass(frozen=True)
 class ImageOptions:
-    resize: tuple[int, int] | None = None  # (height, width)
-    storage: str = "encoded"  # "encoded" keeps JPEG/PNG bytes; "decoded" stores pixel arrays
-    mode: str = "RGB"  # PIL mode images are converted to when decoded or resized
-    reduce_depth: bool = False  # a 16-bit image that cannot keep its bits is taken at 8 (else refused)
-    promote_depth: bool = False  # with mode L: 8-bit greyscale images are stored as 16-bit (x 257, exact)
+    resize: tuple[int, int] | None = option(None, help="Resize images once, at conversion, to HEIGHTxWIDTH (e.g. "
+                                            "64x64). Default: keep the original size.")
+    storage: str = option("encoded", flag="image-storage", help="encoded: keep JPEG/PNG bytes (small store, decode "
+                          "at read time). decoded: store pixel arrays, uint8 (uint16 for 16-bit greyscale PNGs, with "
+                          "image mode L) (larger store, no decode cost when training).")
+    mode: str = option("RGB", flag="image-mode", help="PIL mode images are converted to when decoded or resized: RGB "
+                       "or L (grayscale).")
+    reduce_depth: bool = option(False, help="Take a 16-bit image that cannot keep its bits (a colour PNG decoded or "
+                                "resized, a grayscale one in image mode RGB) at 8 bits per channel instead of refusing "
+                                "it: greyscale scaled by the image's own maximum (a 12-bit CT slice keeps 256 grey "
+                                "levels, not 16), colour as Pillow decodes it (each value's high byte); the summary "
+                                "counts the images changed.")
+    promote_depth: bool = option(False, help="With image mode L: store 8-bit greyscale images as 16-bit (each value "
+                                 "x 257, exact: value // 257 gives it back), so a folder mixing 8- and 16-bit "
+                                 "greyscale images keeps every bit (encoded: they are re-encoded as 16-bit PNG); the "
+                                 "summary counts the images changed.")
 
 
 @dataclass(frozen=True)
@@ -53,9 +65,18 @@ class ArrayOptions:
     value changes (else the first sample's dtype, and a sample of another is refused);
     ``channels`` records the axis of the channels (``first`` or ``last``; None: not said)."""
 
-    ragged: bool = False
-    dtype: str | None = None
-    channels: str | None = None
+    ragged: bool = option(False, help="Arrays (.npy, .npz): keep each sample in its own shape (stored beside it; "
+                          "docs/LAYOUT.md) instead of refusing a sample whose shape differs from the first one's. "
+                          "Reading batches them as you choose: a fit (train --fit, fit= in the API).")
+    dtype: str | None = option(None, help="Arrays: store every sample as this numpy dtype (e.g. int32 for int16 "
+                               "beside uint16 samples); a sample with a value the dtype cannot hold exactly is "
+                               "refused, naming its file. auto (.npy): the smallest dtype that holds every file's "
+                               "dtype exactly, found in their headers first (one short read each). Default: the first "
+                               "sample's dtype, and a sample of another is refused with the dtype that holds both.")
+    channels: str | None = option(None, help="Arrays: where the channel axis is, recorded in the store: last (H, W, "
+                                  "C) or (X, Y, Z, C), what trainfeed's models take and the default; or first (C, H, "
+                                  "W), PyTorch's order, which train moves to the end. Without it, a shape that looks "
+                                  "channels-first gets a warning.")
 
 
 def parse_resize(text: str | None, option: str = "--resize") -> tuple[int, int] | None:

@@ -8,7 +8,9 @@ import posixpath
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+import fsspec
 from fsspec.exceptions import FSTimeoutError
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
@@ -46,15 +48,16 @@ def _index_classes(names: set[str], classes: Sequence[str] | None = None, where:
     return {name: i for i, name in enumerate(classes)}
 
 
-def _read_bytes(fs, path: str, deadline: float | None) -> bytes:
+def _read_bytes(fs: fsspec.AbstractFileSystem, path: str, deadline: float | None) -> bytes:
     """The whole file; a local one with plain ``open`` so that a pipe (``--labels <(...)``) works."""
     if is_local(fs):
         with open(path, "rb") as fh:
             return fh.read()
-    return call(fs, "cat_file", path, deadline=deadline)
+    data: bytes = call(fs, "cat_file", path, deadline=deadline)
+    return data
 
 
-def _read_text(url: str, storage_options: dict | None) -> str:
+def _read_text(url: str, storage_options: dict[str, Any] | None) -> str:
     fs, path = open_fs(url, storage_options)
     deadline = call_timeout(storage_options)
     try:
@@ -102,7 +105,7 @@ def _check_one_kind(url: str, rows: list[tuple[int, str, str]]) -> bool:
     return integers
 
 
-def read_label_csv(url: str, storage_options: dict | None = None, classes: Sequence[str] | None = None
+def read_label_csv(url: str, storage_options: dict[str, Any] | None = None, classes: Sequence[str] | None = None
                    ) -> tuple[dict[str, int], dict[str, int] | None]:
     """id -> label from a CSV with columns id,label. Labels are all integers (int64), or all
     class names, indexed in sorted order or in the order of ``classes`` (the map is returned
@@ -177,7 +180,7 @@ def parse_classes(text: str | Sequence[str] | None) -> tuple[str, ...] | None:
 LABELS_FILE = "labels.csv"
 
 
-def labels_in_source(src: str, storage_options: dict | None = None) -> str | None:
+def labels_in_source(src: str, storage_options: dict[str, Any] | None = None) -> str | None:
     """SRC/labels.csv when it is a file, else None (also when SRC cannot be reached: the
     conversion then says why)."""
     if "://" not in src or src.startswith("file://"):
@@ -187,6 +190,6 @@ def labels_in_source(src: str, storage_options: dict | None = None) -> str | Non
         fs, root = open_fs(src, storage_options)
         found = call(fs, "isfile", posixpath.join(root.rstrip("/"), LABELS_FILE),
                      deadline=call_timeout(storage_options))
-    except Exception:  # noqa: BLE001  unreachable or refused: listing SRC reports it in its own words
+    except Exception:
         return None
     return src.rstrip("/") + "/" + LABELS_FILE if found else None

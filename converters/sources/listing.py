@@ -7,6 +7,7 @@ import os
 import posixpath
 import stat
 from dataclasses import dataclass, field
+from typing import Any
 
 import fsspec
 from fsspec.exceptions import FSTimeoutError
@@ -63,7 +64,7 @@ def _not_regular(fs: fsspec.AbstractFileSystem, path: str) -> str | None:
     return "not a regular file (" + next((what for test, what in _SPECIAL_FILES if test(mode)), "not a file") + ")"
 
 
-def _listing_problem(fs: fsspec.AbstractFileSystem, path: str, rel: str, info: dict) -> str | None:
+def _listing_problem(fs: fsspec.AbstractFileSystem, path: str, rel: str, info: dict[str, Any]) -> str | None:
     """Why a listed file cannot be a sample before it is even opened: a FIFO or a device
     (opening it would block or read forever), or a name that is not UTF-8 (no store's id
     column, report or terminal can hold it)."""
@@ -72,7 +73,8 @@ def _listing_problem(fs: fsspec.AbstractFileSystem, path: str, rel: str, info: d
     return None if info.get("type") == "file" else _not_regular(fs, path)
 
 
-def list_source(url: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, Listing]:
+def list_source(url: str, storage_options: dict[str, Any] | None = None
+                ) -> tuple[fsspec.AbstractFileSystem, Listing]:
     """All sample files under ``url``, sorted by id. Fails on an empty or mixed folder."""
     fs, root = open_fs(url, storage_options)  # checked there; a SAS token moved into the options
     deadline = call_timeout(storage_options)
@@ -141,7 +143,7 @@ def read_bytes(fs: fsspec.AbstractFileSystem, src: SourceFile, start: int = 0, e
     if src.size or is_local(fs):  # a remote listing may not know a size (0)
         end = src.size if end is None else min(end, src.size)
     try:
-        data = call(fs, "cat_file", src.path, start=start, end=end, deadline=src.deadline)
+        data: bytes = call(fs, "cat_file", src.path, start=start, end=end, deadline=src.deadline)
     except FileNotFoundError as exc:
         raise SampleError(src.path, "cannot read: file not found (broken link or deleted)") from exc
     except IsADirectoryError as exc:

@@ -7,11 +7,13 @@ the listing's (sorted ids), so a store's row order is reproducible.
 from __future__ import annotations
 
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import reduce
-from typing import Callable, Iterable, Iterator
+from typing import TypeVar
 
 import fsspec
+import numpy as np
 
 from trainfeed.converters.errors import SampleError, TrainfeedError
 from trainfeed.converters.layout import RAW, SHAPE_SUFFIX, FieldSpec
@@ -29,6 +31,8 @@ from trainfeed.converters.sources.dtypes import cast_fields, holding_both
 from trainfeed.converters.sources.labels import Labels
 from trainfeed.converters.sources.listing import IMAGE, NPY, Listing, SourceFile, check_listed, read_bytes
 
+T = TypeVar("T")
+R = TypeVar("R")
 
 def load_sample(fs: fsspec.AbstractFileSystem, kind: str, src: SourceFile, labels: Labels,
                 image_opts: ImageOptions) -> Sample:
@@ -39,16 +43,17 @@ def load_sample(fs: fsspec.AbstractFileSystem, kind: str, src: SourceFile, label
     return Sample(src.id, labels.get(src.id), fields, nbytes_in, depth_changed)
 
 
-def ordered_map(fn: Callable, items: Iterable, workers: int, window_per_worker: int = 4) -> Iterator:
+def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int,
+                window_per_worker: int = 4) -> Iterator[R | Exception]:
     """fn(item) for each item, in order, ``workers`` at a time; exceptions are returned, not raised."""
 
-    def call(item):
+    def call(item: T) -> R | Exception:
         try:
             return fn(item)
         except Exception as exc:  # handed to the consumer in order
             return exc
 
-    pending: deque = deque()
+    pending: deque[Future[R | Exception]] = deque()
     items_iter = iter(items)
     pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="trainfeed-read")
     abandoned = False
@@ -77,7 +82,7 @@ class SchemaGuard:
     one dtype for all, or ragged shapes); rejects samples that differ."""
 
     def __init__(self, kind: str, image_opts: ImageOptions, specs: list[FieldSpec] | None = None,
-                 first_id: str | None = None, arrays: ArrayOptions = ArrayOptions()):
+                 first_id: str | None = None, arrays: ArrayOptions = ArrayOptions()) -> None:
         """``specs``/``first_id``: fields already fixed elsewhere (a Spark task holds its samples
         to what the driver's first sample fixed); None: the first checked sample fixes them."""
         self.kind = kind
@@ -93,14 +98,16 @@ class SchemaGuard:
         self.check(path, sample)
         return sample
 
-    def _spec(self, name: str, value) -> FieldSpec:
+    def _spec(self, name: str, value: np.ndarray | bytes) -> FieldSpec:
         encoding = field_encoding(self.kind, self.image_opts) if self.kind == IMAGE else RAW
         if encoding != RAW:
+            assert isinstance(value, bytes), "an encoded image field holds the file's bytes"
             shape = None
             if self.image_opts.resize is not None:
                 channels = 1 if self.image_opts.mode == "L" else len(self.image_opts.mode)
                 shape = (*self.image_opts.resize, channels)
             return FieldSpec(name, encoded_dtype(value), shape, encoding)
+        assert isinstance(value, np.ndarray), "a raw field holds arrays"
         shape = None if self.arrays.ragged else tuple(value.shape)
         return FieldSpec(name, value.dtype.name, shape, RAW, self.arrays.channels if self.kind != IMAGE else None)
 
@@ -142,7 +149,7 @@ def scan_dtype(fs: fsspec.AbstractFileSystem, listing: Listing, where: str, work
         raise TrainfeedError(f"{where}: --dtype auto reads .npy headers; this folder holds {listing.kind} files: "
                              "give --dtype DTYPE")
 
-    def dtype_of(src) -> str:
+    def dtype_of(src: SourceFile) -> str:
         head = read_bytes(fs, src, 0, min(src.size, NPY_HEADER_READ) if src.size else NPY_HEADER_READ)
         return npy_header(src.path, head, src.size or len(head)).dtype.name
 

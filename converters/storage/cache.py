@@ -35,11 +35,15 @@ import re
 import struct
 import sys
 import zlib
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Any
 
 from trainfeed.converters.errors import UsageError
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 _MAGIC = b"TFC2"
 _FOOTER = struct.Struct("<4sIQ16s")  # magic, CRC-32 of the payload, payload length, key digest
@@ -76,7 +80,7 @@ class ForeignCacheFolder(UsageError):
 class DiskCache:
     """Byte ranges of remote objects as files under ``folder``, at most ``limit`` bytes in all."""
 
-    def __init__(self, folder, limit: int):
+    def __init__(self, folder: str | os.PathLike[str], limit: int) -> None:
         self.folder = Path(folder)
         self.limit = limit
         self.discarded = 0
@@ -86,10 +90,10 @@ class DiskCache:
         if self.usable:
             self._sweep_dead_writers()
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, object]:
         return {"folder": str(self.folder), "limit": self.limit}
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         DiskCache.__init__(self, state["folder"], state["limit"])
 
     # ------------------------------------------------------------------ ownership
@@ -175,7 +179,7 @@ class DiskCache:
         with suppress(OSError):
             file.unlink()
 
-    def put(self, key: str, parts: Iterable) -> None:
+    def put(self, key: str, parts: Iterable[Buffer]) -> None:
         """Keep ``parts`` (buffers, in order) as the range cached under ``key``. A folder that
         cannot take it (full, read-only) turns the cache into a pass-through, never a failure."""
         if not self.usable:
@@ -191,7 +195,7 @@ class DiskCache:
             file.parent.mkdir(exist_ok=True)
             with self._locked():  # reserved and created together: a rescan from now on counts it
                 self._account(size + _FOOTER.size)
-                out = open(tmp, "wb")
+                out = open(tmp, "wb")  # noqa: SIM115 - opened under the lock, written outside it
             with out as f:
                 for part in parts:
                     f.write(part)
@@ -206,7 +210,7 @@ class DiskCache:
                 self._unusable(exc)
 
     @contextmanager
-    def _locked(self):
+    def _locked(self) -> Iterator[None]:
         with open(self.folder / ".lock", "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
@@ -279,7 +283,7 @@ def _has_footer(file: Path, size: int) -> bool:
             magic, _, length, _ = _FOOTER.unpack(f.read(_FOOTER.size))
     except (OSError, struct.error):
         return False
-    return magic == _MAGIC and length == size - _FOOTER.size
+    return bool(magic == _MAGIC and length == size - _FOOTER.size)
 
 
 def pid_alive(pid: int) -> bool:

@@ -33,7 +33,7 @@ import os
 import shutil
 import tempfile
 import threading
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 import obstore
 from obstore import _obstore
@@ -44,7 +44,7 @@ from trainfeed.converters.storage.cache import pid_alive
 _CALLS = ("get", "get_range", "head", "list", "list_with_delimiter", "put", "delete")
 
 
-def _library(module, stores, origin: str) -> SimpleNamespace:
+def _library(module: ModuleType, stores: ModuleType, origin: str) -> SimpleNamespace:
     """What this module calls of one loaded copy of obstore: ``module``'s functions and
     exceptions, and the store classes of ``stores``."""
     return SimpleNamespace(**{name: getattr(module, name) for name in _CALLS},

@@ -13,34 +13,38 @@ the optional local disk cache.
   DataLoader worker processes of every start method read with clients of their own.
 - ``Span``: a fetched range as the buffers it arrived in; reads inside one buffer are views
   (no copy), and nothing is joined unless a read crosses two parts.
-- ``CacheWriter``: ranges go into the disk cache on a thread of their own, after the read
-  has its bytes (write-behind): a first epoch into an empty cache never waits for the disk.
+- ``CacheWriter`` (``cache_writer.py``): ranges go into the disk cache on a thread of their own,
+  after the read has its bytes (write-behind).
 - ``RangeFile``: a read-only seekable file for pyarrow and h5py over one object.
   ``prefetch`` loads the span a piece needs in one concurrent fetch; other reads (footers,
   HDF5 metadata) go through a small block cache. Nothing is read that was not asked for.
 """
 from __future__ import annotations
 
-import atexit
 import bisect
 import gc
 import io
+import itertools
 import os
-import sys
 import threading
-import time
-import weakref
-from collections import OrderedDict, deque
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import suppress
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
+import fsspec
 from fsspec.exceptions import FSTimeoutError
 
 from trainfeed.converters.errors import TrainfeedError
 from trainfeed.converters.storage.cache import DiskCache
+from trainfeed.converters.storage.cache_writer import CacheWriter
 from trainfeed.converters.storage.config import call_timeout, no_answer
 from trainfeed.converters.storage.filesystems import call
 from trainfeed.converters.storage.native import Identity, NativeFileSystem, ObjectChanged, changed_message
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+    from trainfeed.converters.storage.location import Location  # collections.abc.Buffer from Python 3.12
 
 #: Bytes per range request when a span is split across connections: large enough to run near
 #: a stream's bandwidth past the first-byte latency (8 MB at 60 MB/s: ~87% with 20 ms).
@@ -65,7 +69,7 @@ AHEAD_SPANS = 64
 class Span:
     """Bytes ``start:end`` of one object, held as the buffers they arrived in."""
 
-    def __init__(self, start: int, parts: list):
+    def __init__(self, start: int, parts: list[Buffer]) -> None:
         self.start = start
         self.parts = [memoryview(p).cast("B") for p in parts]
         self._offsets = [start]
@@ -76,7 +80,7 @@ class Span:
     def __len__(self) -> int:
         return self.end - self.start
 
-    def view(self, pos: int, n: int):
+    def view(self, pos: int, n: int) -> memoryview | bytearray:
         """Bytes ``pos:pos+n`` (absolute offsets, inside the span): a view when they lie in one
         part, else joined."""
         i = bisect.bisect_right(self._offsets, pos) - 1
@@ -94,95 +98,14 @@ class Span:
         return b"".join(self.parts)
 
 
-class CacheWriter:
-    """Puts fetched ranges into a ``DiskCache`` on a thread of its own, at the lowest CPU
-    priority, so that a read never waits for the cache. At most ``budget`` bytes wait to be
-    written; a range that would go past it is not cached this time (a later epoch fetches it
-    again): a slow or busy disk costs cache hits, never read speed. The buffers are the fetched
-    ones, held until written (no copy)."""
-
-    def __init__(self, cache: DiskCache, budget: int):
-        self.cache, self.budget = cache, budget
-        self._queue: deque = deque()
-        self._pending = 0
-        self._cv = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self._pid = os.getpid()
-        _WRITERS.add(self)
-
-    def offer(self, key: str, parts: list) -> bool:
-        """Queue ``parts`` to be cached under ``key``; False: over the budget, not cached."""
-        size = sum(memoryview(p).nbytes for p in parts)
-        with self._cv:
-            if self._pending + size > self.budget:
-                return False
-            self._pending += size
-            self._queue.append((key, parts, size))
-            self._cv.notify()
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="trainfeed-cache-writer", daemon=True)
-                self._thread.start()
-        return True
-
-    def _run(self) -> None:
-        """Writes until the queue is empty, then ends (the next offer starts a thread again): an
-        idle writer holds no thread, and one whose fetcher is gone is freed once it is done."""
-        _lowest_priority()
-        while True:
-            with self._cv:
-                if not self._queue:
-                    self._thread = None
-                    return
-                key, parts, size = self._queue.popleft()
-            try:
-                self.cache.put(key, parts)
-            finally:
-                with self._cv:
-                    self._pending -= size
-                    self._cv.notify_all()
-
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every offered range is written (or ``timeout``); whether it was."""
-        with self._cv:
-            return self._cv.wait_for(lambda: self._pending == 0, timeout)
-
-
-def _lowest_priority() -> None:
-    """This thread at the lowest CPU priority (Linux: a thread's id is a scheduling target): the
-    cache is written with the cores reading leaves idle; when there are none, the writer falls
-    behind and ranges go uncached this epoch instead of slowing it."""
-    if sys.platform.startswith("linux"):
-        with suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-
-
-#: Cache writers (weakly; one with ranges queued is held by its thread, even once its fetcher
-#: is gone): ``flush_cache_writes`` waits for them.
-_WRITERS: weakref.WeakSet = weakref.WeakSet()
-
-
-def flush_cache_writes(timeout: float = 60.0) -> None:
-    """Wait, at most ``timeout`` seconds in all, for the cache writes of this process: before a
-    process exits (a DataLoader worker at the end of its epoch, the interpreter), so that the
-    ranges it fetched are there for the next epoch, and before a cache folder is removed.
-    Reading never waits for them otherwise."""
-    end = time.monotonic() + timeout
-    for writer in list(_WRITERS):
-        if writer._pid == os.getpid():  # a forked child's copies of its parent's writers have no thread
-            writer.flush(max(0.0, end - time.monotonic()))
-
-
-atexit.register(flush_cache_writes, 30.0)
-
-
 class Fetcher:
     """Range reads from one file system with at most ``io_concurrency`` requests in flight.
     ``identities``: each object's version as listed when the store was opened (path -> Identity);
     a cached range is keyed on it, a request is conditional on it."""
 
-    def __init__(self, fs, io_concurrency: int = DEFAULT_IO_CONCURRENCY, cache: DiskCache | None = None,
-                 part_size: int = PART_SIZE, deadline: float | None = None,
-                 identities: dict[str, Identity] | None = None, max_request: int = MAX_REQUEST):
+    def __init__(self, fs: fsspec.AbstractFileSystem, io_concurrency: int = DEFAULT_IO_CONCURRENCY,
+                 cache: DiskCache | None = None, part_size: int = PART_SIZE, deadline: float | None = None,
+                 identities: dict[str, Identity] | None = None, max_request: int = MAX_REQUEST) -> None:
         self.fs = fs
         self.io_concurrency = max(1, io_concurrency)
         self.cache = cache
@@ -197,16 +120,16 @@ class Fetcher:
         """This process's threads: the request pool and the cache's writer."""
         self._pid = os.getpid()
         self._pool = ThreadPoolExecutor(self.io_concurrency, thread_name_prefix="trainfeed-io")
-        self._ahead: OrderedDict[tuple, Span | list] = OrderedDict()
+        self._ahead: OrderedDict[tuple[str, int, int], Span | list[Future[Buffer]]] = OrderedDict()
         self._ahead_lock = threading.Lock()
         budget = max(64 << 20, 2 * self.io_concurrency * self.part_size)
         self._writer = CacheWriter(self.cache, budget) if self.cache is not None else None
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in ("_pid", "_pool", "_writer", "_ahead",
                                                                     "_ahead_lock")}
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._start()
 
@@ -223,10 +146,11 @@ class Fetcher:
             self._start()
 
     def url(self, path: str) -> str:
-        return self.fs.unstrip_protocol(path)
+        return str(self.fs.unstrip_protocol(path))
 
-    def _get(self, path: str, start: int, end: int):
+    def _get(self, path: str, start: int, end: int) -> Buffer:
         identity = self.identities.get(path)
+        data: Buffer
         try:
             if self._native:
                 data = self.fs.get_range(path, start, end, identity)
@@ -241,7 +165,7 @@ class Fetcher:
                                                 f"{memoryview(data).nbytes}"))
         return data
 
-    def _request(self, path: str, start: int, end: int, cached: bool = True) -> Span | list:
+    def _request(self, path: str, start: int, end: int, cached: bool = True) -> Span | list[Future[Buffer]]:
         """A cached span (``cached``: looked up), or the futures of the requests that fetch it
         (started now)."""
         if cached and self.cache is not None:
@@ -249,8 +173,8 @@ class Fetcher:
             if hit is not None:
                 return Span(start, [hit])
         pool = self.pool
-        cuts = [start, end] if end - start <= self.max_request else list(range(start, end, self.part_size)) + [end]
-        return [pool.submit(self._get, path, a, b) for a, b in zip(cuts, cuts[1:])]
+        cuts = [start, end] if end - start <= self.max_request else [*list(range(start, end, self.part_size)), end]
+        return [pool.submit(self._get, path, a, b) for a, b in itertools.pairwise(cuts)]
 
     def _cache_key(self, path: str, start: int, end: int) -> str:
         identity = self.identities.get(path)
@@ -300,7 +224,7 @@ class _GCPause:
     were a collection to start there and free an h5py object (which takes that lock), the two
     threads would wait on each other until the call times out."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._inside = 0
         self._was_enabled = False
@@ -320,7 +244,7 @@ class _GCPause:
                 gc.disable()
             self._inside += 1
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         with self._lock:
             self._inside -= 1
             if self._inside == 0 and self._was_enabled:
@@ -335,16 +259,16 @@ class Blocks:
     kept. One may serve several RangeFiles of the object (HDF5: each reading thread's handle),
     so that what they all read (the file's metadata, its chunk index) is fetched once."""
 
-    def __init__(self, fetcher: Fetcher, path: str, size: int, count: int = 32):
+    def __init__(self, fetcher: Fetcher, path: str, size: int, count: int = 32) -> None:
         self.fetcher, self.path, self.size, self.count = fetcher, path, size, count
         self._blocks: OrderedDict[int, Span] = OrderedDict()
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
-    def __getstate__(self) -> dict:  # a copy in another process starts empty
+    def __getstate__(self) -> dict[str, Any]:  # a copy in another process starts empty
         return {"fetcher": self.fetcher, "path": self.path, "size": self.size, "count": self.count}
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         Blocks.__init__(self, **state)
 
     def get(self, index: int) -> Span:
@@ -368,7 +292,7 @@ class RangeFile(io.RawIOBase):
     """A read-only seekable view of one object whose reads are served from a prefetched span,
     else from blocks fetched on demand (``blocks``: shared with other views of the object)."""
 
-    def __init__(self, fetcher: Fetcher, path: str, size: int, blocks: Blocks | None = None):
+    def __init__(self, fetcher: Fetcher, path: str, size: int, blocks: Blocks | None = None) -> None:
         super().__init__()
         self.fetcher, self.path, self.size = fetcher, path, size
         self._pos = 0
@@ -395,7 +319,7 @@ class RangeFile(io.RawIOBase):
         start, end = max(0, start), min(self.size, end)
         self._span = self.fetcher.fetch(self.path, start, end) if end > start else None
 
-    def read(self, size: int = -1):
+    def read(self, size: int | None = -1) -> Any:
         """Up to ``size`` bytes; inside the prefetched span, a view of the fetched buffer (pyarrow
         takes any buffer: the bytes are not copied on the way)."""
         n = self.size - self._pos if size is None or size < 0 else max(0, min(size, self.size - self._pos))
@@ -407,11 +331,11 @@ class RangeFile(io.RawIOBase):
         buffer = bytearray(n)
         return bytes(buffer[:self.readinto(buffer)])
 
-    def readinto(self, buffer) -> int:
+    def readinto(self, buffer: Buffer) -> int:
         with _GC_PAUSE:
             return self._readinto(buffer)
 
-    def _readinto(self, buffer) -> int:
+    def _readinto(self, buffer: Buffer) -> int:
         view = memoryview(buffer).cast("B")
         n = max(0, min(len(view), self.size - self._pos))
         pos, done = self._pos, 0
@@ -439,21 +363,24 @@ class CachingFileSystem:
 
     async_impl = False
 
-    def __init__(self, fetcher: Fetcher):
+    def __init__(self, fetcher: Fetcher) -> None:
         self._fetcher = fetcher
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name == "_fetcher":  # looked up by unpickling before the state is set
             raise AttributeError(name)
         return getattr(self._fetcher.fs, name)
 
-    def cat_file(self, path, start=None, end=None, **kwargs):
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         if end is None:
-            return call(self._fetcher.fs, "cat_file", path, start=start, end=end, deadline=self._fetcher.deadline)
+            data: bytes = call(self._fetcher.fs, "cat_file", path, start=start, end=end,
+                               deadline=self._fetcher.deadline)
+            return data
         return self._fetcher.fetch(path, start or 0, end).tobytes()
 
 
-def open_fetcher(location, io_concurrency: int = DEFAULT_IO_CONCURRENCY, cache_dir=None, cache_limit: int = 0,
+def open_fetcher(location: Location, io_concurrency: int = DEFAULT_IO_CONCURRENCY,
+                 cache_dir: str | os.PathLike[str] | None = None, cache_limit: int = 0,
                  identities: dict[str, Identity] | None = None) -> Fetcher:
     """The fetcher a reader of the store at ``location`` uses (``cache_dir``: keep what it reads)."""
     cache = DiskCache(cache_dir, cache_limit) if cache_dir and cache_limit > 0 else None

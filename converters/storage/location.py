@@ -30,18 +30,20 @@ from __future__ import annotations
 import os
 import posixpath
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 import fsspec
 
 from trainfeed.converters.errors import UsageError
 from trainfeed.converters.redact import redact_url
-from trainfeed.converters.storage.config import object_store_options, parse_url, scheme_without_slashes  # noqa: F401 (parse_url: re-exported)
+from trainfeed.converters.storage.clouds import StorageOptions
+from trainfeed.converters.storage.config import object_store_options, parse_url, scheme_without_slashes
 from trainfeed.converters.storage.filesystems import is_local, open_fs
 from trainfeed.converters.storage.native import Identity
 
 
-def check_delta_url(url) -> None:
+def check_delta_url(url: object) -> None:
     """UsageError for a Delta table URL holding ``%``: delta-rs reads ``%XX`` as an escape (and
     not always once), the object client as the characters themselves, so the log and the
     data would land under two prefixes."""
@@ -52,13 +54,13 @@ def check_delta_url(url) -> None:
                          "name without '%'")
 
 
-def check_url(url) -> None:
+def check_url(url: object) -> None:
     """``parse_url`` for its errors only: a path or URL checked before any work."""
     if url is not None:
         parse_url(url)
 
 
-def is_remote(url) -> bool:
+def is_remote(url: object) -> bool:
     """Whether ``url`` names object storage (or any fsspec filesystem) rather than a local path.
     ``s3:/bucket`` (a storage scheme without ``//``) is a UsageError, never a local path."""
     text = str(url)
@@ -73,7 +75,7 @@ class Location:
     url: str  # as given; may carry secrets (show ``shown``)
     fs: fsspec.AbstractFileSystem
     path: str  # inside ``fs``, without a trailing slash
-    storage_options: dict = field(default_factory=dict)
+    storage_options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def local(self) -> bool:
@@ -96,18 +98,18 @@ class Location:
         """The URL of ``name`` in this folder, as the user spelled the location."""
         return self.file(name) if self.local else self.url.split("?", 1)[0].rstrip("/") + "/" + name
 
-    def child(self, name: str) -> "Location":
+    def child(self, name: str) -> Location:
         return Location(self.url_of(name), self.fs, self.file(name), self.storage_options)
 
     def exists(self, name: str = "") -> bool:
-        return self.fs.exists(self.file(name) if name else self.path)
+        return bool(self.fs.exists(self.file(name) if name else self.path))
 
     def is_file(self) -> bool:
-        return self.fs.isfile(self.path)
+        return bool(self.fs.isfile(self.path))
 
     def read_bytes(self, name: str) -> bytes:
         """The whole of ``name`` in this folder; FileNotFoundError if it is not there."""
-        return self.fs.cat_file(self.file(name))
+        return bytes(self.fs.cat_file(self.file(name)))
 
     def names(self) -> list[str]:
         """Names of the entries directly in this folder (one listing request)."""
@@ -130,7 +132,7 @@ class Location:
             return self.path
         inner = getattr(self.fs, "inner_url", None)
         if inner:
-            return inner(self.path)
+            return str(inner(self.path))
         check_delta_url(self.url)
         return self.url.split("?", 1)[0].rstrip("/")
 
@@ -143,7 +145,7 @@ class Location:
         return object_store_options(urlsplit(uri).scheme, inner if inner is not None else self.storage_options)
 
 
-def locate(url, storage_options: dict | None = None) -> Location:
+def locate(url: object, storage_options: StorageOptions | None = None) -> Location:
     """The Location of a local path (made absolute) or URL."""
     text, options = parse_url(url, storage_options)
     if not is_remote(text):
@@ -153,6 +155,6 @@ def locate(url, storage_options: dict | None = None) -> Location:
     return Location(text, fs, path.rstrip("/"), options)
 
 
-def as_location(path, storage_options: dict | None = None) -> Location:
+def as_location(path: object, storage_options: StorageOptions | None = None) -> Location:
     """``path`` if it is a Location already, else ``locate(path, storage_options)``."""
     return path if isinstance(path, Location) else locate(path, storage_options)

@@ -18,16 +18,20 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any, TypeVar
 
 from fsspec.spec import AbstractFileSystem
 
-from trainfeed.converters.errors import TrainfeedError
+from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.redact import redact
 from trainfeed.converters.storage.client import errors, library
-from trainfeed.converters.storage.config import AZURE, GCS, S3, client_settings
+from trainfeed.converters.storage.clouds import ObjectStoreCloud, cloud_for
+
+_T = TypeVar("_T")
 
 #: Bytes per block of a multipart (S3, GCS) or block-blob (Azure) upload, and blocks in flight.
 UPLOAD_CHUNK = 16 << 20
@@ -36,7 +40,7 @@ UPLOAD_CONCURRENCY = 8
 
 _STATUS = re.compile(r"status code: (\d{3})")
 #: Clients a forked process inherited from its parent: never used, never freed (see client.py).
-_INHERITED: list = []
+_INHERITED: list[dict[str, object]] = []
 
 
 class StorageError(TrainfeedError, OSError):
@@ -69,7 +73,7 @@ class Identity:
         return f"{self.etag or ''}|{self.version or ''}|{self.size}|{self.modified or ''}"
 
     @classmethod
-    def of(cls, info: dict) -> "Identity":
+    def of(cls, info: dict[str, Any]) -> Identity:
         """From an fsspec ``info`` / ``ls(detail=True)`` entry, this module's or another file system's."""
         etag = info.get("e_tag") or info.get("ETag") or info.get("etag")
         modified = info.get("last_modified") or info.get("LastModified") or info.get("mtime") \
@@ -80,27 +84,31 @@ class Identity:
                    info.get("version") or info.get("VersionId"), str(modified) if modified is not None else None)
 
 
-class NativeFileSystem(AbstractFileSystem):
-    """fsspec's interface over one account / endpoint of Azure Blob, S3 or GCS."""
+class NativeFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is untyped
+    """fsspec's interface over one account / endpoint of a cloud the native client serves
+    (``clouds.ObjectStoreCloud``: Azure Blob, S3, GCS)."""
 
-    protocol = AZURE + S3 + GCS
     root_marker = ""
 
-    def __init__(self, scheme: str, storage_options: dict | None = None, deadline: float | None = None,
-                 account: str | None = None, **kwargs):
+    def __init__(self, scheme: str, storage_options: dict[str, Any] | None = None, deadline: float | None = None,
+                 account: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.scheme, self.deadline = scheme, deadline
+        cloud = cloud_for(scheme)
+        if not isinstance(cloud, ObjectStoreCloud):
+            raise UsageError(f"{scheme}://: not a storage the native client serves")
+        self.cloud, self.scheme, self.deadline = cloud, scheme, deadline
+        self.protocol = cloud.schemes
         options = dict(storage_options or {})
-        if account and scheme in AZURE:
+        if account:  # named in the URL's host (Azure's container@account.host)
             options.setdefault("account_name", account)
-        self._settings = client_settings(scheme, options, deadline)
+        self._settings = cloud.client_settings(options, deadline)
         self._stores: dict[str, object] = {}
         self._pid = os.getpid()
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ the stores
 
-    def store(self, bucket: str):
+    def store(self, bucket: str) -> object:
         """The obstore store of one bucket (container), built once per process and shared by its
         threads (a forked process builds its own: see ``client.py``)."""
         if self._pid != os.getpid():  # forked: the parent's stores and lock are not ours to use
@@ -109,11 +117,8 @@ class NativeFileSystem(AbstractFileSystem):
         with self._lock:
             store = self._stores.get(bucket)
             if store is None:
-                config, client, retry = self._settings
-                lib = library()
-                cls = lib.AzureStore if self.scheme in AZURE else lib.S3Store if self.scheme in S3 else lib.GCSStore
                 try:
-                    store = cls(bucket, config=config, client_options=client, retry_config=retry)
+                    store = self.cloud.new_store(library(), bucket, self._settings)
                 except errors.BaseError as exc:
                     raise TrainfeedError(redact(f"{self.scheme}://{bucket}: cannot open this storage: "
                                                 f"{_first_line(exc)}")) from None
@@ -126,7 +131,7 @@ class NativeFileSystem(AbstractFileSystem):
         return self.store(bucket), key
 
     @classmethod
-    def _strip_protocol(cls, path):
+    def _strip_protocol(cls, path: object) -> str:
         path = str(path)
         if "://" in path:
             path = path.split("://", 1)[1]
@@ -141,7 +146,7 @@ class NativeFileSystem(AbstractFileSystem):
     def unstrip_protocol(self, name: str) -> str:
         return f"{self.scheme}://{self._strip_protocol(name)}"
 
-    def _run(self, path: str, fn, *args, **kwargs):
+    def _run(self, path: str, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         """``fn(*args)``, with obstore's errors as fsspec callers expect them."""
         began = time.monotonic()
         try:
@@ -191,7 +196,7 @@ class NativeFileSystem(AbstractFileSystem):
 
     # ------------------------------------------------------------------ reads
 
-    def get_range(self, path: str, start: int, end: int, identity: Identity | None = None):
+    def get_range(self, path: str, start: int, end: int, identity: Identity | None = None) -> Any:
         """Bytes ``start:end`` as one ``obstore.Bytes`` (a buffer: no copy into Python); with
         ``identity``, only from that version of the object (else ``ObjectChanged``)."""
         store, key = self.split(path)
@@ -213,7 +218,7 @@ class NativeFileSystem(AbstractFileSystem):
                 raise
             raise ObjectChanged(changed_message(self.unstrip_protocol(path), "deleted")) from None
 
-    def _get_pinned(self, store, key: str, options: dict, identity: Identity, path: str):
+    def _get_pinned(self, store: object, key: str, options: dict[str, object], identity: Identity, path: str) -> Any:
         """The range, after checking that the answer came from the pinned version: a server that
         ignores ``If-Match`` (many S3-compatible ones, some proxies) still names the version it
         served, and a different one is the same "store changed" as a 412."""
@@ -226,7 +231,7 @@ class NativeFileSystem(AbstractFileSystem):
             raise ObjectChanged(changed_message(self.unstrip_protocol(path)))
         return result.bytes()
 
-    def cat_file(self, path, start=None, end=None, **kwargs):
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         store, key = self.split(path)
         if start is None and end is None:
             return bytes(self._run(path, lambda: library().get(store, key).bytes()))
@@ -237,7 +242,7 @@ class NativeFileSystem(AbstractFileSystem):
             end = size if end is None else end + size if end < 0 else end
         return bytes(self._run(path, library().get_range, store, key, start=start, end=max(start, end)))
 
-    def info(self, path, **kwargs):
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         path = self._strip_protocol(path)
         store, key = self.split(path)
         if key:
@@ -250,7 +255,7 @@ class NativeFileSystem(AbstractFileSystem):
             raise FileNotFoundError(self.unstrip_protocol(path))
         return {"name": path, "size": 0, "type": "directory"}
 
-    def exists(self, path, **kwargs):
+    def exists(self, path: str, **kwargs: Any) -> bool:
         """Whether anything is at ``path``; a storage that fails says so (fsspec's default would
         call that "not there")."""
         try:
@@ -259,7 +264,7 @@ class NativeFileSystem(AbstractFileSystem):
         except FileNotFoundError:
             return False
 
-    def ls(self, path, detail=True, **kwargs):
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[dict[str, Any]] | list[str]:
         path = self._strip_protocol(path)
         bucket = path.split("/", 1)[0]
         store, key = self.split(path)
@@ -273,12 +278,13 @@ class NativeFileSystem(AbstractFileSystem):
         entries.sort(key=lambda e: e["name"])
         return entries if detail else [e["name"] for e in entries]
 
-    def find(self, path, maxdepth=None, withdirs=False, detail=False, **kwargs):
+    def find(self, path: str, maxdepth: int | None = None, withdirs: bool = False, detail: bool = False,
+             **kwargs: Any) -> dict[str, dict[str, Any]] | list[str]:
         """Every object under ``path``: one flat listing (pages of up to 1,000 keys), no walk."""
         path = self._strip_protocol(path)
         bucket = path.split("/", 1)[0]
         store, key = self.split(path)
-        out = {}
+        out: dict[str, dict[str, Any]] = {}
         for chunk in self._run(path, lambda: list(library().list(store, f"{key}/" if key else None))):
             for meta in chunk:
                 entry = self._entry(bucket, meta)
@@ -295,7 +301,7 @@ class NativeFileSystem(AbstractFileSystem):
         return out if detail else sorted(out)
 
     @staticmethod
-    def _entry(bucket: str, meta: dict) -> dict:
+    def _entry(bucket: str, meta: Any) -> dict[str, Any]:
         return {"name": f"{bucket}/{meta['path']}", "size": meta["size"], "type": "file",
                 "e_tag": (meta.get("e_tag") or "").strip('"') or None, "last_modified": meta.get("last_modified"),
                 "version": meta.get("version")}
@@ -305,32 +311,32 @@ class NativeFileSystem(AbstractFileSystem):
 
     # ------------------------------------------------------------------ writes
 
-    def pipe_file(self, path, value, **kwargs):
+    def pipe_file(self, path: str, value: bytes, **kwargs: Any) -> None:
         store, key = self.split(path)
         self._run(path, library().put, store, key, bytes(value))
 
-    def put_file(self, lpath, rpath, **kwargs):
+    def put_file(self, lpath: str, rpath: str, **kwargs: Any) -> None:
         """Upload a local file: in blocks of ``UPLOAD_CHUNK``, ``UPLOAD_CONCURRENCY`` in flight,
         committed as one object at the end (a failed upload leaves no object)."""
         store, key = self.split(rpath)
         self._run(rpath, library().put, store, key, Path(lpath), chunk_size=UPLOAD_CHUNK,
                   max_concurrency=UPLOAD_CONCURRENCY)
 
-    def rm_file(self, path):
+    def rm_file(self, path: str) -> None:
         store, key = self.split(path)
         self._run(path, library().delete, store, key)
 
-    def _rm(self, path):
+    def _rm(self, path: str) -> None:
         self.rm_file(path)
 
-    def rm(self, path, recursive=False, maxdepth=None):
+    def rm(self, path: str | list[str], recursive: bool = False, maxdepth: int | None = None) -> None:
         paths = [path] if isinstance(path, str) else list(path)
         targets: list[str] = []
         for p in paths:
             p = self._strip_protocol(p)
             found = self.find(p) if recursive else []
             targets.extend(found or [p])
-        missing = None
+        missing: FileNotFoundError | None = None
         for p in dict.fromkeys(targets):  # every path is tried; a missing one is reported at the end
             try:
                 self.rm_file(p)
@@ -339,13 +345,13 @@ class NativeFileSystem(AbstractFileSystem):
         if missing is not None and not recursive:
             raise missing
 
-    def mkdir(self, path, create_parents=True, **kwargs):
+    def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
         pass  # object stores have no folders: a key's prefix is enough
 
-    def makedirs(self, path, exist_ok=False):
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
         pass
 
-    def _open(self, path, mode="rb", **kwargs):
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
         raise NotImplementedError(f"{self.unstrip_protocol(path)}: trainfeed reads objects in ranges, not as "
                                   "open files (storage/fetch.py)")
 

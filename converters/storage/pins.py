@@ -7,8 +7,9 @@ opened (the old generation, whole)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from trainfeed.converters.storage.native import ObjectChanged, changed_message
 
@@ -22,7 +23,7 @@ class Pin:
     mtime_ns: int
 
     @classmethod
-    def of(cls, path: str) -> "Pin":
+    def of(cls, path: str) -> Pin:
         st = os.stat(path)
         return cls(st.st_ino, st.st_size, st.st_mtime_ns)
 

@@ -8,10 +8,12 @@ When uploads fall behind, the writer waits (at most ``2 x workers`` parts are pe
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from types import TracebackType
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the storage layer does not import what sits above it
     from trainfeed.converters.storage.location import Location
@@ -22,11 +24,11 @@ class Uploader:
     locally. Used as a context manager: leaving it by an exception cancels what is pending and
     removes what was uploaded (best effort: a leftover is never referenced by a commit)."""
 
-    def __init__(self, loc: "Location", folder: Path, rename: Callable[[str], str] = str, workers: int = 4):
+    def __init__(self, loc: Location, folder: Path, rename: Callable[[str], str] = str, workers: int = 4) -> None:
         self.loc, self.folder, self.rename = loc, folder, rename
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="trainfeed-upload")
         self._slots = threading.BoundedSemaphore(2 * workers)
-        self._futures: list[Future] = []
+        self._futures: list[Future[None]] = []
         self.uploaded: dict[str, str] = {}  # local name -> name on the storage
         self._lock = threading.Lock()
 
@@ -50,10 +52,11 @@ class Uploader:
             future.result()
         return dict(self.uploaded)
 
-    def __enter__(self) -> "Uploader":
+    def __enter__(self) -> Uploader:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if exc_type is not None:
             for future in self._futures:
                 future.cancel()

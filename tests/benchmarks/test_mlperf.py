@@ -13,6 +13,8 @@ import pytest
 
 from trainfeed.benchmarks.mlperf import BATCH, STEP_S, accelerator_utilization, summary
 
+pytestmark = pytest.mark.slow  # a matrix of real conversions and reads: `make test`, not test-fast
+
 
 def _storage_bench(*args: str) -> subprocess.CompletedProcess:
     exe = Path(sys.executable).with_name("storage-bench")

@@ -6,6 +6,7 @@ timing guess. A request still held when the relay closes (its client killed mean
 never forwarded. Clients here do not pipeline, so each request starts a read."""
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import threading
@@ -74,10 +75,8 @@ class HoldGate:
             pass
         finally:
             for s in (client, upstream):
-                try:
+                with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
     @staticmethod
     def _responses(upstream: socket.socket, client: socket.socket) -> None:
@@ -87,10 +86,8 @@ class HoldGate:
         except OSError:
             pass
         finally:
-            try:
+            with contextlib.suppress(OSError):
                 client.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
 
     def close(self) -> None:
         self._closing = True
@@ -98,7 +95,5 @@ class HoldGate:
         self._listener.close()
         with self._lock:
             for s in self._sockets:
-                try:
+                with contextlib.suppress(OSError):
                     s.close()
-                except OSError:
-                    pass

@@ -273,7 +273,7 @@ def test_failed_verify_of_a_delta_overwrite_restores_the_previous_version(tmp_pa
     from trainfeed.converters.cli import app
     from trainfeed.converters.formats import delta
 
-    src, truth = volumes
+    src, _truth = volumes
     dst = tmp_path / "t.delta"
     assert run_cli(app, src, dst, "--to", "delta", "--no-progress").exit_code == 0
     before = {sid: f["volume"].tobytes() for sid, _, f in delta.read_samples(dst)}

@@ -60,7 +60,8 @@ def test_the_model_sees_the_channels_last(tmp_path):
     assert len(unsaid.warnings) == 1 and "(3, 6, 9), which looks channels-first" in unsaid.warnings[0]
     said = trainfeed.convert(str(tmp_path / "src"), str(tmp_path / "s.parquet"), format="parquet", channels="first")
     assert said.warnings == []
-    p = plan(TrainConfig(data=str(tmp_path / "s.parquet"), batch_size=4, out=str(tmp_path / "o")))
+    p = plan(TrainConfig(data=str(tmp_path / "s.parquet"), out=str(tmp_path / "o"),
+                         epoch=trainfeed.EpochOptions(batch_size=4)))
     assert p.channels_first and p.input_shape == (6, 9, 3)
     batch = next(iter(trainfeed.open_store(str(tmp_path / "s.parquet")).batches(4, shuffle=False)))
     x = as_model_input(batch, p.input_shape, p.channels_first)

@@ -56,10 +56,9 @@ def test_commit_swaps_atomically_and_cleans_up(tmp_path):
 
 def test_abandoned_staging_is_removed(tmp_path):
     dst = tmp_path / "store"
-    with pytest.raises(RuntimeError):
-        with commit.Staging(dst) as st:
-            st.path.mkdir()
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), commit.Staging(dst) as st:
+        st.path.mkdir()
+        raise RuntimeError("boom")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -91,12 +90,11 @@ def test_create_commit_never_replaces_a_folder_that_appeared(tmp_path, noreplace
     """A create-mode run found nothing at DST; a folder created there while it was writing
     survives the commit, which fails and publishes nothing."""
     dst = tmp_path / "store"
-    with pytest.raises(TrainfeedError) as err:
-        with commit.Staging(dst) as st:
-            make_store(st.path, "new")
-            dst.mkdir()
-            (dst / "mine.txt").write_text("someone else's")
-            st.commit()
+    with pytest.raises(TrainfeedError) as err, commit.Staging(dst) as st:
+        make_store(st.path, "new")
+        dst.mkdir()
+        (dst / "mine.txt").write_text("someone else's")
+        st.commit()
     assert "a folder with 1 entry that is not a trainfeed store is there now" in str(err.value)
     assert "nothing was published" in str(err.value)
     assert [p.name for p in dst.iterdir()] == ["mine.txt"] and (dst / "mine.txt").read_text() == "someone else's"
@@ -106,11 +104,11 @@ def test_create_commit_never_replaces_a_folder_that_appeared(tmp_path, noreplace
 def test_create_commit_never_replaces_a_file_that_appeared(tmp_path, noreplace):
     """The same for a single-file store: even another trainfeed store that appeared is kept."""
     dst = tmp_path / "store.h5"
-    with pytest.raises(TrainfeedError, match="an HDF5 store written by trainfeed is there now"):
-        with commit.Staging(dst) as st:
-            make_h5(st.path, "new")
-            make_h5(dst, "theirs")
-            st.commit()
+    with pytest.raises(TrainfeedError, match="an HDF5 store written by trainfeed is there now"), \
+            commit.Staging(dst) as st:
+        make_h5(st.path, "new")
+        make_h5(dst, "theirs")
+        st.commit()
     assert h5_content(dst) == "theirs" and [p.name for p in tmp_path.iterdir()] == ["store.h5"]
 
 
@@ -135,12 +133,12 @@ def test_overwrite_commit_refuses_what_replaced_the_store_meanwhile(tmp_path, mo
         monkeypatch.setattr(commit, "exchange", lambda a, b: False)
     dst = tmp_path / "store"
     make_store(dst, "old")
-    with pytest.raises(TrainfeedError, match="a folder with 2 entries that is not a trainfeed store is there now"):
-        with commit.Staging(dst, overwrite=True) as st:
-            make_store(st.path, "new")
-            (dst / "_trainfeed.json").unlink()
-            (dst / "notes.txt").write_text("mine")
-            st.commit()
+    with pytest.raises(TrainfeedError, match="a folder with 2 entries that is not a trainfeed store is there now"), \
+            commit.Staging(dst, overwrite=True) as st:
+        make_store(st.path, "new")
+        (dst / "_trainfeed.json").unlink()
+        (dst / "notes.txt").write_text("mine")
+        st.commit()
     assert sorted(p.name for p in dst.iterdir()) == ["data", "notes.txt"]
     assert [p.name for p in tmp_path.iterdir()] == ["store"]
 
@@ -158,9 +156,8 @@ def test_lock_is_exclusive_names_its_holder_and_leaves_nothing(tmp_path):
     dst = tmp_path / "store"
     with commit.DestinationLock(dst) as held:
         assert held.path.read_text() == f"{os.getpid()}\n"
-        with pytest.raises(TrainfeedError) as err:
-            with commit.DestinationLock(dst):
-                pass
+        with pytest.raises(TrainfeedError) as err, commit.DestinationLock(dst):
+            pass
         assert str(err.value) == (f"{dst}: another trainfeed run is writing it (pid {os.getpid()}); "
                                   "try again when it has finished")
     assert list(tmp_path.iterdir()) == []

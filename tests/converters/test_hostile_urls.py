@@ -130,7 +130,7 @@ def container_sas(azurite_server, container: str) -> str:
     return generate_container_sas(ACCOUNT, container, account_key=ACCOUNT_KEY,
                                   permission=ContainerSasPermissions(read=True, write=True, delete=True, list=True,
                                                                      add=True, create=True),
-                                  expiry=datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=1))
+                                  expiry=datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1))
 
 
 @pytest.mark.azurite
@@ -141,7 +141,7 @@ def test_a_sas_token_in_the_url_becomes_a_storage_option(azurite_server, contain
     from trainfeed.benchmarks.emulators.azurite import ACCOUNT
 
     sas = container_sas(azurite_server, container)
-    signature = [p for p in sas.split("&") if p.startswith("sig=")][0].split("=", 1)[1]
+    signature = next(p for p in sas.split("&") if p.startswith("sig=")).split("=", 1)[1]
     src = tmp_path / "src"
     truth = source(src, 24, seed=3)
     anonymous = {"account_name": ACCOUNT, "endpoint": azurite_server.endpoint}

@@ -77,7 +77,7 @@ def test_killed_new_store_is_never_visible(tmp_path, big_source, fmt, name, sig)
 
 @pytest.mark.parametrize("fmt,name", [("parquet", "old.parquet"), ("delta", "old.delta"), ("hdf5", "old.h5")])
 def test_killed_overwrite_keeps_the_old_store(tmp_path, big_source, fmt, name):
-    src, truth = big_source
+    src, _truth = big_source
     small = tmp_path / "small"
     small_truth = write_volumes(small, 5, shape=(30, 30, 10, 10), seed=9, labels_csv=False)
     dst = tmp_path / name

@@ -290,9 +290,10 @@ def test_the_api_takes_a_fit_in_its_options_and_trains_with_one(tmp_path):
     assert seen == len(truth)
     write_ragged(tmp_path / "src", 16)
     trainfeed.convert(str(tmp_path / "src"), str(tmp_path / "r.parquet"), format="parquet", ragged=True)
-    result = trainfeed.train(trainfeed.TrainConfig(data=str(tmp_path / "r.parquet"), fit="pad:2x4x9x11",
-                                                   channels="last", batch_size=4, width=4, out=str(tmp_path / "o"),
-                                                   progress=False))
+    result = trainfeed.train(trainfeed.TrainConfig(data=str(tmp_path / "r.parquet"), channels="last", width=4,
+                                                   out=str(tmp_path / "o"), progress=False,
+                                                   store=trainfeed.OpenOptions(fit="pad:2x4x9x11"),
+                                                   epoch=trainfeed.EpochOptions(batch_size=4)))
     assert result.summary["sample_shape"] == [2, 4, 9, 11]
 
 

@@ -37,9 +37,19 @@ def test_connection_string_parts_are_registered():
 
 
 def test_environment_credentials(monkeypatch):
+    """A cloud's credential variables (its ``secret_environment``, registered with the cloud)."""
+    from trainfeed.converters.storage.clouds import cloud_for
+
+    assert "AWS_SECRET_ACCESS_KEY" in cloud_for("s3").secret_environment
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret-0042")
     r.register_environment()
     assert r.redact("signature for env-secret-0042 did not match") == "signature for *** did not match"
+
+
+def test_a_variable_registered_as_a_credential_is_masked_at_once(monkeypatch):
+    monkeypatch.setenv("TRAINFEED_TEST_CREDENTIAL", "env-secret-7781")
+    r.register_secret_environment(["TRAINFEED_TEST_CREDENTIAL"])
+    assert r.redact("token env-secret-7781 expired") == "token *** expired"
 
 
 def test_plain_text_is_left_alone():

@@ -88,7 +88,7 @@ def test_a_source_answering_500_is_a_failing_storage_not_a_missing_folder(storag
 
 
 def test_a_missing_bucket_is_named(storage, tmp_path):
-    server, scheme, bucket, options = storage
+    _server, scheme, bucket, options = storage
     upload_source(tmp_path, scheme, bucket, options)
     what = "container" if scheme == "abfs" else "bucket"
     missing = f"nosuch-{uuid.uuid4().hex[:8]}"

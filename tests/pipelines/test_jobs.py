@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -57,7 +58,7 @@ def test_repack_job_equals_convert_sample_for_sample(source, spark, capsys):
 def test_repack_parquet_and_bad_files(source, spark, tmp_path):
     from trainfeed.pipelines import repack
 
-    _, _, truth = source
+    _, _, _truth = source
     src = tmp_path / "raw"
     write_volumes(src, 20, shape=(12, 12, 4, 2), seed=4, labels_csv=False)
     (src / "v003.npy").write_bytes(b"\x93NUMPY broken")
@@ -70,7 +71,7 @@ def test_repack_parquet_and_bad_files(source, spark, tmp_path):
                               "--on-error", "skip", "--tensor-column", "list"])
     summary = repack.repack(args, spark)
     assert summary["samples"] == 18 and summary["rejected"] == 2
-    rejects = [json.loads(line) for line in open(summary["rejects_report"])]
+    rejects = [json.loads(line) for line in Path(summary["rejects_report"]).read_text().splitlines()]
     assert {r["id"] for r in rejects} == {"v003", "v004"}
     got = {s for s, _, _ in parquet.read_samples(tmp_path / "o.parquet")}
     assert got == {f"v{i:03d}" for i in range(20)} - {"v003", "v004"}
@@ -89,11 +90,11 @@ def test_storage_ab_job_tasks_and_report(source, tmp_path):
 
     root, src, _ = source
     variables = local_vars(root, src) | {"output_path": str(tmp_path)}
-    cpu = params("storage_ab", "ab_cpu_node", variables) + ["--width", "8", "--cpu-steps", "2", "--workers", "2"]
+    cpu = [*params("storage_ab", "ab_cpu_node", variables), "--width", "8", "--cpu-steps", "2", "--workers", "2"]
     assert benchmark.main(cpu) == 0
     gpu = params("storage_ab", "ab_gpu_node", variables)
     with pytest.raises(SystemExit) as failed:  # --nodes cuda: no GPU here, a clear error
-        benchmark.main(gpu + ["--width", "8"])
+        benchmark.main([*gpu, "--width", "8"])
     assert failed.value.code == 1
     emulated = [("t4" if p == "cuda" else p) for p in gpu] + ["--width", "8", "--steps", "4", "--workers", "2"]
     assert benchmark.main(emulated) == 0

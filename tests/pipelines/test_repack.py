@@ -107,8 +107,8 @@ def test_rejects_are_reported_and_the_rest_is_written_bit_for_bit(tmp_path, spar
     common = ["--src", str(src), "--to", to, "--labels", str(src / "labels.csv"), "--target-file-size", "32KB"]
     with pytest.raises(Exception, match=r"v006.npy: no label for id 'v006' in .*labels.csv "
                                         r"\(files without a label: 1 of 20; nothing"):
-        repack.repack(repack.parse_args(common + ["--dst", str(tmp_path / "failed")]), spark)
-    summary = repack.repack(repack.parse_args(common + ["--dst", str(tmp_path / "out"), "--on-error", "skip"]), spark)
+        repack.repack(repack.parse_args([*common, "--dst", str(tmp_path / "failed")]), spark)
+    summary = repack.repack(repack.parse_args([*common, "--dst", str(tmp_path / "out"), "--on-error", "skip"]), spark)
     assert (summary["samples"], summary["rejected"]) == (16, 4)
 
     res = run_cli(app, src, tmp_path / "convert", "--to", to, "--labels", src / "labels.csv", "--on-error", "skip",
@@ -207,7 +207,7 @@ def test_a_catalog_table_is_written_and_only_a_trainfeed_table_replaced(tmp_path
     common = ["--src", str(src), "--to", "delta", "--labels", str(src / "labels.csv"), "--work-dir", str(work),
               "--on-error", "skip", "--target-file-size", "32KB"]
     name = "default.trainfeed_volumes"
-    summary = repack.repack(repack.parse_args(common + ["--table", name, "--table-location", str(tmp_path / "t")]),
+    summary = repack.repack(repack.parse_args([*common, "--table", name, "--table-location", str(tmp_path / "t")]),
                             spark)
     try:
         assert (summary["output"], summary["samples"], summary["rejected"]) == (name, 16, 4)
@@ -221,12 +221,12 @@ def test_a_catalog_table_is_written_and_only_a_trainfeed_table_replaced(tmp_path
                        "--on-error", "skip", "--no-progress").exit_code == 0
         assert {f.name: f.metadata for f in spark.table(name).schema} == schema_metadata(tmp_path / "convert.delta")
 
-        again = repack.parse_args(common + ["--table", name])
+        again = repack.parse_args([*common, "--table", name])
         with pytest.raises(Exception, match="already exists; pass --overwrite"):
             repack.repack(again, spark)
         # not a table trainfeed committed to (this one has no Delta history): never replaced
         with pytest.raises(Exception, match="was not written by trainfeed; refusing"):
-            repack.repack(repack.parse_args(common + ["--table", name, "--overwrite"]), spark)
+            repack.repack(repack.parse_args([*common, "--table", name, "--overwrite"]), spark)
         assert spark.read.table(name).count() == 16
     finally:
         spark.sql(f"DROP TABLE IF EXISTS {name}")
@@ -250,7 +250,7 @@ def test_options_that_do_not_fit_are_usage_errors(argv, message, capsys):
     from trainfeed.pipelines import repack
 
     with pytest.raises(SystemExit) as exc:
-        repack.parse_args(["--src", "/in"] + argv)
+        repack.parse_args(["--src", "/in", *argv])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and message in err and "PLANTED" not in err
 

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+import trainfeed
 from trainfeed.training.config import TrainConfig
 from trainfeed.training.distributed import train_distributed
 
@@ -14,8 +15,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 def test_torch_distributor_two_processes_share_the_work(tmp_path, learnable, spark):
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-    cfg = TrainConfig(data=str(learnable["stores"]["parquet"]), width=8, batch_size=16, epochs=1, workers=1,
-                      out=str(out), checkpoint_dir=str(ckpt), seed=3)
+    cfg = TrainConfig(data=str(learnable["stores"]["parquet"]), width=8, epochs=1, out=str(out),
+                      checkpoint_dir=str(ckpt), epoch=trainfeed.EpochOptions(batch_size=16, workers=1, seed=3))
     summary = train_distributed(cfg, num_processes=2)
     assert summary["world_size"] == 2 and summary["rank"] == 0
     other = json.loads((out / "summary-rank1.json").read_text())

@@ -90,7 +90,8 @@ def test_options_objects_take_classes_and_cast_for_a_folder(tmp_path):
     store = trainfeed.open_store(str(tmp_path / "f"), format="blob", options=opts)
     assert store.dtype == "float64" and store.label_map == {"dog": 0, "cat": 1}
     assert labels_of(store) == {sid: {"dog": 0, "cat": 1}[c] for sid, c in ids.items()}
-    result = trainfeed.train(trainfeed.TrainConfig(data=str(tmp_path / "f"), fmt="blob", classes=("dog", "cat"),
-                                                   cast="auto", batch_size=4, width=4, out=str(tmp_path / "o"),
-                                                   progress=False))
+    result = trainfeed.train(trainfeed.TrainConfig(data=str(tmp_path / "f"), fmt="blob", width=4,
+                                                   out=str(tmp_path / "o"), progress=False,
+                                                   store=trainfeed.OpenOptions(classes=("dog", "cat"), cast="auto"),
+                                                   epoch=trainfeed.EpochOptions(batch_size=4)))
     assert result.summary["steps"] == 4

@@ -87,7 +87,7 @@ def test_ranks_started_without_the_environment_tell_spawned_workers_their_rank(r
     """``torch.multiprocessing.spawn`` passes rank and world size to ``init_process_group``,
     not through RANK / WORLD_SIZE: the dataset takes them in the training process and carries
     them to its workers, whatever their start method (before, every sample came twice)."""
-    store, url, options = store_on(request, tmp_path, source, "local")
+    store, url, _options = store_on(request, tmp_path, source, "local")
     ranks = start(2, {"url": url, "global_batch": G, "workers": 2, "method": method,
                       "out": str(tmp_path / "rank{rank}.json")}, method="spawn")
     assert per_global_batch(ranks) == dict(enumerate(reference(store)))
@@ -130,8 +130,8 @@ def test_ranks_together_read_no_more_bytes_than_one_rank(request, tmp_path):
     with LatencyRelay(request.getfixturevalue("s3_server").port, 0.0) as relay:
         options = {**backend.options, "endpoint_url": f"http://127.0.0.1:{relay.port}"}
         store = trainfeed.open_store(url, storage_options=options)  # the ranks inherit it, listing and footers
-        piece = max(store.reader.format.piece_span(store.reader.extra["listing"], p)[2]
-                    - store.reader.format.piece_span(store.reader.extra["listing"], p)[1] for p in store.reader.pieces)
+        piece = max(store.reader.format.piece_span(store.reader.listing, p)[2]
+                    - store.reader.format.piece_span(store.reader.listing, p)[1] for p in store.reader.pieces)
         answered = {}
         for world in (1, 2, 4):
             before = relay.answered

@@ -118,7 +118,7 @@ def test_sigterm_checkpoints_and_resume_finishes(tmp_path, learnable, framework)
     stopped_at = first["global_step"]
     assert 14 <= stopped_at < 36
     assert len(steps_file.read_text().splitlines()) == stopped_at  # stopped within a step
-    done = subprocess.run(args + ["--resume"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([*args, "--resume"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     second = json.loads(done.stdout)
     assert second["preempted"] is False and second["global_step"] == 36
@@ -141,7 +141,7 @@ def test_resume_refuses_a_checkpoint_for_other_data(tmp_path, learnable):
     (["--data", "{hdf5}", "--device", "cuda"], 1, "--device cuda: no CUDA device"),
     (["--data", "{hdf5}", "--resume"], 2, "--resume needs --checkpoint-dir"),
     (["--data", "{hdf5}", "--format", "hdf5", "--delta-version", "1"], 2, "--delta-version applies to Delta"),
-    (["--data", "{hdf5}", "--batch-size", "0"], 2, "--batch-size must be at least 1"),
+    (["--data", "{hdf5}", "--batch-size", "0"], 2, "--batch-size must be an integer, at least 1"),
     (["--data", "{hdf5}", "--batch-size", "5000"], 1, "fewer than one batch of 5000"),
     (["--data", "{hdf5}", "--framework", "jax"], 2, "jax"),
 ])
@@ -281,7 +281,7 @@ def test_trains_through_a_petastorm_pool(tmp_path, learnable):
                     "--out", tmp_path / "o", "--json", *QUICK)
     assert res.exit_code == 0, res.stderr
     s = json.loads(res.stdout)
-    assert s["config"]["pool"] == "sharded" and s["steps"] == 2 and s["samples"] == 32
+    assert s["config"]["epoch"]["pool"] == "sharded" and s["steps"] == 2 and s["samples"] == 32
 
 
 def test_figures_are_printed_for_people():

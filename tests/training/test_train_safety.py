@@ -422,7 +422,7 @@ def test_hdf5_file_shrinking_after_open_stops_the_epoch(tmp_path):
         h5["label"].resize(N - 4, axis=0)
     with pytest.raises(TrainfeedError, match="the store changed while it was being read .*; reopen it"):
         list(iter_batches(opened, EpochOptions(batch_size=4, workers=1, drop_last=True)))
-    opener = opened.extra["listing"].extra["opener"]
+    opener = opened.listing.opener
     opener.pins = pin_files(list(opener.pins))  # a change the pins cannot see: the counts still stop it
     with pytest.raises(TrainfeedError, match=f"{store}: read {N} ids, {N - 4} labels and {N} samples where {N} "
                                              "were listed"):

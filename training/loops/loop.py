@@ -2,76 +2,42 @@
 through the epochs (every step split into data wait and compute), checkpoint, stop cleanly
 on SIGTERM, resume mid-epoch without re-reading, evaluate, and write the summary.
 
-What differs between PyTorch and TensorFlow lives behind ``Framework`` (loop_torch.py,
-loop_tf.py): building the model, one optimizer step, prediction, and checkpoint files."""
+What differs between frameworks lives behind ``FrameworkRun`` (training/frameworks.py; PyTorch's
+in loop_torch.py, TensorFlow's in loop_tf.py): building the model, one optimizer step,
+prediction, and checkpoint files."""
 from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Iterator
 from contextlib import closing
-from typing import Any, Protocol, TypeVar
-
-import numpy as np
+from typing import Any
 
 from trainfeed.converters.progress import progress_bar
 from trainfeed.training.config import TrainConfig, check
+from trainfeed.training.frameworks import FrameworkRun, framework
 from trainfeed.training.loops.output import RunFiles, notice, summarize
 from trainfeed.training.loops.plan import Plan, as_model_input, check_labels, eval_epoch, plan
 from trainfeed.training.loops.resume import Position, Preemption, after_step, checkpoint_signature
 from trainfeed.training.metrics import StepTimer, UtilizationSampler, record
 from trainfeed.training.reading.prefetch import Prefetcher
-from trainfeed.training.reading.readers import Batch, iter_batches
-
-#: A batch as one framework's step takes it (``to_inputs`` makes it, ``step`` takes it).
-Inputs = TypeVar("Inputs")
+from trainfeed.training.reading.readers import iter_batches
+from trainfeed.training.reading.store import Batch
 
 
-class Framework(Protocol[Inputs]):
-    """What the loop needs from PyTorch or TensorFlow. Built for one run: the model and its
-    optimizer exist once the object does (seeded by ``cfg.seed``)."""
-
-    def parameters(self) -> dict[str, int]: ...
-
-    def to_inputs(self, batch: Batch) -> Inputs:
-        """The batch as the step takes it; runs in the prefetch thread (e.g. pinned tensors)."""
-
-    def step(self, inputs: Inputs) -> tuple[float, int]:
-        """One optimizer step, finished on the device when it returns: (loss, correct predictions)."""
-
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        """Class indices for samples in the model's input shape (evaluation mode)."""
-
-    def restore(self, signature: str) -> Position | None:
-        """Load the checkpoint in ``cfg.checkpoint_dir``, refused unless trainfeed wrote it for
-        ``signature``; None when there is none yet."""
-
-    def save(self, position: Position, signature: str) -> None:
-        """Write a checkpoint to ``cfg.checkpoint_dir`` (a kill mid-save keeps the previous one)."""
-
-
-def framework(cfg: TrainConfig, p: Plan) -> Framework[Any]:
-    if cfg.framework == "tf":
-        from trainfeed.training.loops.loop_tf import TensorFlow
-
-        return TensorFlow(cfg, p)
-    from trainfeed.training.loops.loop_torch import Torch
-
-    return Torch(cfg, p)
-
-
-def run(cfg: TrainConfig) -> dict:
+def run(cfg: TrainConfig) -> dict[str, Any]:
     """``train``, the command and the API: check the options (``UsageError``), then train; the
     summary (summary.json)."""
     check(cfg)
     return train(cfg)
 
 
-def train(cfg: TrainConfig) -> dict:
+def train(cfg: TrainConfig) -> dict[str, Any]:
     """Train ``cfg``'s model on ``cfg.data`` (options checked by ``config.check``); the summary."""
     p = plan(cfg)
     for note in p.notes if p.rank == 0 else []:
         notice(note)
-    fw = framework(cfg, p)
+    fw = framework(cfg.framework).start(cfg, p)
     signature = checkpoint_signature(cfg, p) if cfg.checkpoint_dir else None
     start = _start(cfg, p, fw, signature)
 
@@ -113,9 +79,10 @@ def train(cfg: TrainConfig) -> dict:
                 break
         if not preempted:
             checkpoint(Position(cfg.epochs, 0, global_step))
-    extra = {"parameters": fw.parameters(), "train_accuracy": round(correct / seen, 4) if seen else None,
-             "preempted": preempted, "resumed_from_step": start.global_step if cfg.resume else None,
-             "global_step": global_step, "run_seconds": round(time.perf_counter() - t_start, 3)}
+    extra: dict[str, Any] = {
+        "parameters": fw.parameters(), "train_accuracy": round(correct / seen, 4) if seen else None,
+        "preempted": preempted, "resumed_from_step": start.global_step if cfg.resume else None,
+        "global_step": global_step, "run_seconds": round(time.perf_counter() - t_start, 3)}
     threads = getattr(fw, "threads", None)
     if threads:
         extra["torch_threads"] = threads
@@ -127,7 +94,7 @@ def train(cfg: TrainConfig) -> dict:
     return summary
 
 
-def _batches(cfg: TrainConfig, p: Plan, epoch: int, first: int):
+def _batches(cfg: TrainConfig, p: Plan, epoch: int, first: int) -> Iterator[Batch]:
     if cfg.data_service:  # read + decode + augment on the tf.data service's workers (no resume: first is 0)
         from trainfeed.training.reading.service_input import iter_batches as service_batches
 
@@ -135,7 +102,7 @@ def _batches(cfg: TrainConfig, p: Plan, epoch: int, first: int):
     return iter_batches(p.store, p.epoch, epoch, start_batch=first)  # a resume reads no earlier piece
 
 
-def _start(cfg: TrainConfig, p: Plan, fw: Framework[Any], signature: str | None) -> Position:
+def _start(cfg: TrainConfig, p: Plan, fw: FrameworkRun[Any], signature: str | None) -> Position:
     """Where this run begins: the checkpoint's position with --resume, else the first step."""
     if not cfg.resume or signature is None:
         return Position()
@@ -148,7 +115,7 @@ def _start(cfg: TrainConfig, p: Plan, fw: Framework[Any], signature: str | None)
     return found
 
 
-def evaluate(cfg: TrainConfig, p: Plan, fw: Framework[Any]) -> dict:
+def evaluate(cfg: TrainConfig, p: Plan, fw: FrameworkRun[Any]) -> dict[str, Any]:
     """Accuracy on the held-out store (every sample once, no shuffling)."""
     assert p.eval_store is not None, "evaluated only with --eval-data"
     correct = total = 0

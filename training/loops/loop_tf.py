@@ -4,6 +4,9 @@ and ``tf_dataset``, a store as a ``tf.data.Dataset``."""
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -11,13 +14,18 @@ from trainfeed.converters.errors import TrainfeedError
 from trainfeed.training.config import TrainConfig
 from trainfeed.training.loops.plan import Plan, as_model_input
 from trainfeed.training.loops.resume import CHECKPOINT_FORMAT, Position, check_signature
-from trainfeed.training.reading.readers import Batch, EpochOptions, Store, iter_batches
+from trainfeed.training.reading.readers import iter_batches
+from trainfeed.training.reading.store import Batch, EpochOptions, OpenedStore
 from trainfeed.training.tensorflow_env import import_tensorflow
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 import_tensorflow()  # its first import here: settings and start-up notices (tensorflow_env.py)
 
 
-def tf_dataset(store: Store, opts: EpochOptions, epoch: int = 0, start_batch: int = 0, prefetch: int = 2):
+def tf_dataset(store: OpenedStore, opts: EpochOptions, epoch: int = 0, start_batch: int = 0,
+               prefetch: int = 2) -> tf.data.Dataset:
     """One epoch of a store as a ``tf.data.Dataset`` of (x, y) batches, x in the stored sample
     shape, from batch ``start_batch`` on (earlier batches are not read)."""
     import tensorflow as tf
@@ -26,7 +34,7 @@ def tf_dataset(store: Store, opts: EpochOptions, epoch: int = 0, start_batch: in
     if spec.shape is None:
         raise TrainfeedError(f"{store.path}: field {spec.name!r} has no fixed shape")
 
-    def gen():
+    def gen() -> Iterator[tuple[np.ndarray, np.ndarray]]:
         for batch in iter_batches(store, opts, epoch, start_batch=start_batch):
             yield batch.x, batch.y
 
@@ -35,7 +43,7 @@ def tf_dataset(store: Store, opts: EpochOptions, epoch: int = 0, start_batch: in
     return tf.data.Dataset.from_generator(gen, output_signature=signature).prefetch(prefetch)
 
 
-def _to_float(x):
+def _to_float(x: tf.Tensor | np.ndarray) -> tf.Tensor:
     import tensorflow as tf
 
     return tf.cast(x, tf.float32) / 255.0 if x.dtype == tf.uint8 else tf.cast(x, tf.float32)
@@ -44,7 +52,7 @@ def _to_float(x):
 class TensorFlow:
     """The loop's ``Framework`` for TensorFlow / Keras 3 (see loop.Framework)."""
 
-    def __init__(self, cfg: TrainConfig, p: Plan):
+    def __init__(self, cfg: TrainConfig, p: Plan) -> None:
         import keras
         import tensorflow as tf
 
@@ -52,7 +60,7 @@ class TensorFlow:
 
         if p.world > 1:
             raise TrainfeedError("multi-process training is the PyTorch path (TorchDistributor); use --framework torch")
-        keras.utils.set_random_seed(cfg.seed)
+        keras.utils.set_random_seed(cfg.epoch.seed)
         if cfg.amp:
             keras.mixed_precision.set_global_policy("mixed_bfloat16" if cfg.device == "cpu" else "mixed_float16")
         self.cfg, self.p = cfg, p
@@ -71,8 +79,7 @@ class TensorFlow:
                    else keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         model, optimizer = self.model, self.optimizer
 
-        @tf.function(reduce_retracing=True)
-        def train_step(x, y):
+        def train_step(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
             x = _to_float(x)
             with tf.GradientTape() as tape:
                 logits = tf.cast(model(x, training=True), tf.float32)
@@ -83,8 +90,9 @@ class TensorFlow:
             pred = tf.cast(logits[:, 0] > 0, tf.int64) if binary else tf.argmax(logits, 1)
             return loss, tf.reduce_sum(tf.cast(pred == y, tf.int64))
 
-        self._train_step = train_step
-        self._manager = self._signature = None
+        self._train_step = tf.function(train_step, reduce_retracing=True)
+        self._manager: tf.train.CheckpointManager | None = None
+        self._signature: tf.Variable | None = None
 
     def parameters(self) -> dict[str, int]:
         from trainfeed.training.models.resnet_tf import parameter_count
@@ -108,7 +116,7 @@ class TensorFlow:
             logits = np.asarray(self.model(_to_float(x), training=False), dtype=np.float32)
         return (logits[:, 0] > 0).astype(np.int64) if logits.shape[1] == 1 else logits.argmax(1)
 
-    def _checkpoints(self, signature: str):
+    def _checkpoints(self, signature: str) -> tf.train.CheckpointManager:
         """The CheckpointManager over --checkpoint-dir; the marker and ``signature`` are tensors in it."""
         import tensorflow as tf
 
@@ -142,11 +150,11 @@ class TensorFlow:
         manager.save()
 
 
-def _latest_checkpoint(directory: str, manager) -> str | None:
+def _latest_checkpoint(directory: str, manager: tf.train.CheckpointManager) -> str | None:
     """The newest checkpoint's prefix, None when the folder holds none yet. TensorFlow takes an
     unreadable 'checkpoint' state file for no checkpoint at all: here that is an error."""
     if manager.latest_checkpoint:
-        return manager.latest_checkpoint
+        return str(manager.latest_checkpoint)
     leftovers = sorted(name for name in os.listdir(directory) if name == "checkpoint" or name.endswith(".index"))
     if leftovers:
         raise TrainfeedError(f"{directory}: holds TensorFlow checkpoint files ({', '.join(leftovers[:3])}) but no "
@@ -172,7 +180,7 @@ def _check_checkpoint(prefix: str, signature: str) -> None:
     check_signature(prefix, bytes(stored.get("signature", b"")).decode(errors="replace"), signature)
 
 
-def _restore(ckpt, prefix: str) -> None:
+def _restore(ckpt: tf.train.Checkpoint, prefix: str) -> None:
     """Every value in the checkpoint must land in this model and optimizer, and every one of
     their variables must get a value: a partial restore would train from a silent mix."""
     import tensorflow as tf
@@ -186,3 +194,35 @@ def _restore(ckpt, prefix: str) -> None:
 
 def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+
+
+def compute_only(shape: tuple[int, ...], batch: int, width: int, steps: int, device: str = "cpu",
+                 amp: bool = False) -> tuple[float, float]:
+    """As loop_torch.compute_only, for the Keras model; ``device`` and ``amp`` are not applied:
+    TensorFlow places the step itself, at full precision."""
+    import keras
+    import tensorflow as tf
+
+    from trainfeed.training.models.resnet_tf import build
+
+    model = build(tuple(shape), 1, width)
+    opt = keras.optimizers.Adam()
+    opt.build(model.trainable_variables)  # its slots before the step: traced once (as TensorFlow.__init__)
+    x = tf.random.normal((batch, *shape))
+    y = tf.cast(tf.random.uniform((batch, 1)) > 0.5, tf.float32)
+    loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
+
+    def one_step() -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    step = tf.function(one_step)
+    times, cpu = [], []
+    for _ in range(steps):
+        t0, c0 = time.perf_counter(), time.process_time()
+        step().numpy()
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return float(np.median(times[1:])), float(np.mean(cpu[1:]))

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 import pickle
+import time
 import zipfile
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,7 +21,7 @@ from trainfeed.training.config import TrainConfig, distributed_env
 from trainfeed.training.loops.plan import Plan, as_model_input
 from trainfeed.training.loops.resume import CHECKPOINT_FORMAT, Position, check_signature
 from trainfeed.training.models.resnet_torch import build, parameter_count
-from trainfeed.training.reading.readers import Batch
+from trainfeed.training.reading.store import Batch
 
 CHECKPOINT = "checkpoint.pt"
 #: What a checkpoint holds besides its format marker; all of it loads with ``weights_only``.
@@ -27,7 +29,7 @@ CHECKPOINT_KEYS = {"model": dict, "optimizer": dict, "scaler": dict, "epoch": in
                    "global_step": int, "signature": str}
 
 
-def _amp_context(cfg: TrainConfig, device: torch.device):
+def _amp_context(cfg: TrainConfig, device: torch.device) -> AbstractContextManager[object]:
     if not cfg.amp:
         return nullcontext()
     dtype = torch.bfloat16 if device.type == "cpu" or torch.cuda.is_bf16_supported() else torch.float16
@@ -44,13 +46,13 @@ def _predict(logits: torch.Tensor) -> torch.Tensor:
     return (logits[:, 0] > 0).long() if logits.shape[1] == 1 else logits.argmax(1)
 
 
-def _save(path: Path, state: dict) -> None:
+def _save(path: Path, state: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save({"format": CHECKPOINT_FORMAT, **state}, tmp)
     os.replace(tmp, path)  # a kill mid-save keeps the previous checkpoint
 
 
-def _load(path: Path, device: torch.device) -> dict:
+def _load(path: Path, device: torch.device) -> dict[str, Any]:
     """A trainfeed checkpoint, read without running any of its code: only a PyTorch zip file
     is opened, and only tensors and plain values are unpickled from it (``weights_only``)."""
     if not zipfile.is_zipfile(path):
@@ -73,7 +75,8 @@ def _load(path: Path, device: torch.device) -> dict:
     return state
 
 
-def _restore(path: Path, state: dict, model, optimizer, scaler) -> None:
+def _restore(path: Path, state: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             scaler: torch.amp.GradScaler) -> None:
     try:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -101,7 +104,7 @@ def _as_float(x: torch.Tensor) -> torch.Tensor:
     return x.float().div_(255) if x.dtype == torch.uint8 else x.float()
 
 
-def intra_op_threads(workers: int) -> dict:
+def intra_op_threads(workers: int) -> dict[str, int | str]:
     """PyTorch's intra-op threads: the cores this process may use less the reader's ``workers``
     threads, at least 1 (torch's default, one per core, fights the reader threads for the same
     cores: 15x slower on a busy 2-core machine), unless OMP_NUM_THREADS chooses. Sets them;
@@ -119,10 +122,10 @@ def intra_op_threads(workers: int) -> dict:
 class Torch:
     """The loop's ``Framework`` for PyTorch (see loop.Framework)."""
 
-    def __init__(self, cfg: TrainConfig, p: Plan):
-        self.threads = intra_op_threads(cfg.workers)
-        torch.manual_seed(cfg.seed)
-        np.random.seed(cfg.seed)
+    def __init__(self, cfg: TrainConfig, p: Plan) -> None:
+        self.threads = intra_op_threads(cfg.epoch.workers)
+        torch.manual_seed(cfg.epoch.seed)
+        np.random.seed(cfg.epoch.seed)
         self.cfg, self.p = cfg, p
         local_rank = distributed_env()[2]
         self.device = torch.device(f"cuda:{local_rank}" if cfg.device == "cuda" else "cpu")
@@ -173,7 +176,7 @@ class Torch:
         with _amp_context(self.cfg, self.device):
             logits = self.model(x)
         loss = _loss(logits, y, self.p.num_classes)
-        self.scaler.scale(loss).backward()
+        torch.autograd.backward(self.scaler.scale(loss))  # Tensor.backward, typed
         self.scaler.step(self.optimizer)
         self.scaler.update()
         _sync(self.device)
@@ -203,3 +206,26 @@ class Torch:
                                 "scaler": self.scaler.state_dict(), "epoch": position.epoch,
                                 "step_in_epoch": position.step_in_epoch, "global_step": position.global_step,
                                 "signature": signature})
+
+
+def compute_only(shape: tuple[int, ...], batch: int, width: int, steps: int, device: str = "cpu",
+                 amp: bool = False) -> tuple[float, float]:
+    """The benchmark's compute-only step: median seconds of a real training step on synthetic
+    data already on the device, and the process CPU-seconds per step (after the first)."""
+    dev = torch.device(device)
+    model = build(tuple(shape), 1, width).to(dev)
+    opt = torch.optim.Adam(model.parameters())
+    x = torch.randn(batch, *shape, device=dev)
+    y = torch.randint(0, 2, (batch,), device=dev).float()
+    times, cpu = [], []
+    for _ in range(steps):
+        t0, c0 = time.perf_counter(), time.process_time()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
+            out = model(x)
+        torch.autograd.backward(F.binary_cross_entropy_with_logits(out[:, 0].float(), y))
+        opt.step()
+        _sync(dev)
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return float(np.median(times[1:])), float(np.mean(cpu[1:]))

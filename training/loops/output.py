@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from trainfeed.converters.redact import redact, redact_obj
 from trainfeed.training.config import TrainConfig
@@ -20,7 +21,7 @@ def notice(message: str) -> None:
 class RunFiles:
     """``--out``: steps.jsonl, utilization.jsonl, summary.json (rank 0; other ranks suffix -rankN)."""
 
-    def __init__(self, out: str, rank: int = 0):
+    def __init__(self, out: str, rank: int = 0) -> None:
         self.dir = Path(out)
         self.dir.mkdir(parents=True, exist_ok=True)
         suffix = "" if rank == 0 else f"-rank{rank}"
@@ -28,7 +29,7 @@ class RunFiles:
         self.util = JsonLines(self.dir / f"utilization{suffix}.jsonl")
         self.summary_path = self.dir / f"summary{suffix}.json"
 
-    def write_summary(self, summary: dict) -> None:
+    def write_summary(self, summary: dict[str, Any]) -> None:
         tmp = self.summary_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(summary, indent=1))
         tmp.replace(self.summary_path)
@@ -38,11 +39,12 @@ class RunFiles:
         self.util.close()
 
 
-def summarize(cfg: TrainConfig, p: Plan, timer: StepTimer, util: UtilizationSampler, extra: dict) -> dict:
+def summarize(cfg: TrainConfig, p: Plan, timer: StepTimer, util: UtilizationSampler,
+              extra: dict[str, Any]) -> dict[str, Any]:
     """summary.json: redacted, as it is written to a file and printed (--json)."""
     sample_shape = p.store.sample_spec.shape
     assert sample_shape is not None, "plan() accepts only stores of a fixed sample shape"
-    return redact_obj({
+    summary: dict[str, Any] = redact_obj({
         "framework": cfg.framework, "device": cfg.device, "store": p.store.path, "format": p.store.fmt,
         "delta_version": p.store.version, "field": p.store.spec.name,
         "sample_shape": list(sample_shape),
@@ -52,3 +54,4 @@ def summarize(cfg: TrainConfig, p: Plan, timer: StepTimer, util: UtilizationSamp
         **timer.summary(), "utilization": util.summary(), "environment": environment(),
         "config": cfg.to_dict(), **extra,
     })
+    return summary

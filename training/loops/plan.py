@@ -10,12 +10,12 @@ from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.converters.layout import FieldSpec, looks_channels_first
 from trainfeed.training.config import TrainConfig, distributed_env
 from trainfeed.training.reading.readers import batches_per_rank, label_bounds, open_store
-from trainfeed.training.reading.store import Batch, EpochOptions, Store
+from trainfeed.training.reading.store import Batch, EpochOptions, OpenedStore
 
 
 @dataclass
 class Plan:
-    store: Store
+    store: OpenedStore
     epoch: EpochOptions  # how this rank reads a training epoch
     steps_per_epoch: int
     num_classes: int
@@ -23,7 +23,7 @@ class Plan:
     rank: int
     world: int
     channels_first: bool = False  # the store's samples have their channels first: moved last for the model
-    eval_store: Store | None = None
+    eval_store: OpenedStore | None = None
     notes: list[str] = field(default_factory=list)  # said on stderr before training (what the data is read as)
 
 
@@ -32,8 +32,8 @@ def train_epoch(cfg: TrainConfig, rank: int = 0, world: int = 1) -> EpochOptions
     tail, so that every step is a full global batch (the same number on every rank); a short
     batch would be read for nothing (or, from the tf.data service, delivered before the
     epoch's end)."""
-    if cfg.global_batch_size is not None and cfg.global_batch_size % world:
-        raise UsageError(f"{cfg.option('global_batch_size')}{cfg.global_batch_size} cannot be shared evenly by "
+    if cfg.epoch.global_batch_size is not None and cfg.epoch.global_batch_size % world:
+        raise UsageError(f"{cfg.option('global_batch_size')}{cfg.epoch.global_batch_size} cannot be shared evenly by "
                          f"{world} ranks: use a multiple of {world}")
     return replace(cfg.epoch_options(rank, world), drop_last=True)
 
@@ -48,8 +48,8 @@ def plan(cfg: TrainConfig) -> Plan:
     warm-up, and the --eval-data store."""
     rank, world, _ = distributed_env()
     opts = train_epoch(cfg, rank, world)
-    store = open_store(cfg.data, cfg.fmt, cfg.open_options(), opts.pool)
-    if cfg.image_size is not None and store.images is None:
+    store = open_store(cfg.data, cfg.fmt, cfg.store, opts.pool)
+    if cfg.store.image_size is not None and store.images is None:
         raise UsageError(f"--image-size applies to encoded images (JPEG/PNG); {store.path} holds "
                          f"{store.spec.dtype} arrays of shape {_shape(store.spec)}")
     if cfg.data_service:
@@ -82,7 +82,7 @@ def _shape(spec: FieldSpec) -> tuple[int, ...]:
     return tuple(spec.shape)
 
 
-def classes(cfg: TrainConfig, store: Store) -> int:
+def classes(cfg: TrainConfig, store: OpenedStore) -> int:
     """The classes the model predicts: ``num_classes``, else the store's label map, else (integer
     labels, no map) the highest label + 1, at least 2. Checked against the store's labels before
     training (a label outside them would otherwise stop the run at the first batch that holds it)."""
@@ -107,7 +107,7 @@ def classes(cfg: TrainConfig, store: Store) -> int:
     return n
 
 
-def channels_first(store: Store, cfg: TrainConfig | None = None) -> bool:
+def channels_first(store: OpenedStore, cfg: TrainConfig | None = None) -> bool:
     """Whether the store's samples have their channel axis first: as ``cfg.channels`` says,
     else as the store records it, else last; a shape that looks channels-first (3, 224, 224)
     with neither is refused rather than guessed."""
@@ -121,7 +121,7 @@ def channels_first(store: Store, cfg: TrainConfig | None = None) -> bool:
     return said == "first"
 
 
-def model_input_shape(store: Store, cfg: TrainConfig | None = None) -> tuple[int, ...]:
+def model_input_shape(store: OpenedStore, cfg: TrainConfig | None = None) -> tuple[int, ...]:
     """One sample's shape as the models take it: (X, Y, Z, C) volumes, (H, W, C) images, and
     (H, W) greyscale images given their channel axis; a channels-first sample with its channels
     moved last. Refuses what no model can train on."""
@@ -137,7 +137,8 @@ def model_input_shape(store: Store, cfg: TrainConfig | None = None) -> tuple[int
         fix = ("convert it again with labels: `convert SRC DST --labels labels.csv` (a CSV of id,label) or from "
                "class subfolders; for a folder of small files, `train --labels labels.csv`" if cli else
                "convert it again with labels: `convert(src, dst, labels=\"labels.csv\")` (a CSV of id,label) or "
-               "from class subfolders; for a folder of small files, `TrainConfig(labels_csv=\"labels.csv\")`")
+               "from class subfolders; for a folder of small files, "
+               "`TrainConfig(store=OpenOptions(labels=\"labels.csv\"))`")
         raise TrainfeedError(f"{path}: store is unlabeled; training needs a label column: {fix}")
     shape = tuple(spec.shape)
     if channels_first(store, cfg):
@@ -157,20 +158,20 @@ def as_model_input(batch: Batch, shape: tuple[int, ...], channels_first: bool = 
     return x.reshape((len(batch.ids), *shape))
 
 
-def open_eval_store(cfg: TrainConfig, p: Plan) -> Store:
+def open_eval_store(cfg: TrainConfig, p: Plan) -> OpenedStore:
     """The --eval-data store, refused before training unless the trained model can score it:
     same field, sample shape and dtype, labeled, labels within the model's classes."""
     assert cfg.eval_data is not None, "opened only with --eval-data"
     # the field the model trains on; its labels and version are --data's, not this store's
-    opened = replace(cfg.open_options(), version=None, labels=None, field=p.store.spec.name)
-    store = open_store(cfg.eval_data, None, opened, cfg.pool)
+    opened = replace(cfg.store, version=None, labels=None, field=p.store.spec.name)
+    store = open_store(cfg.eval_data, None, opened, cfg.epoch.pool)
     shape, train, held_out = model_input_shape(store, cfg), p.store.sample_spec, store.sample_spec
     if shape != p.input_shape or held_out.dtype != train.dtype:
         raise TrainfeedError(f"{cfg.eval_data}: --eval-data field {held_out.name!r} holds {held_out.dtype} "
                              f"samples of shape {_shape(held_out)}; the model trains on {train.dtype} "
                              f"samples of shape {_shape(train)} from --data"
                              + (f"; {'--image-size HxW' if cfg.cli else 'image_size=(H, W)'} decodes both to one size"
-                                if store.images and p.store.images and not cfg.image_size else ""))
+                                if store.images and p.store.images and not cfg.store.image_size else ""))
     check_label_maps(p.store, store)
     bounds = label_bounds(store)
     if bounds is not None and (bounds[0] < 0 or bounds[1] >= p.num_classes):
@@ -181,7 +182,7 @@ def open_eval_store(cfg: TrainConfig, p: Plan) -> Store:
     return store
 
 
-def check_label_maps(train: Store, held_out: Store) -> None:
+def check_label_maps(train: OpenedStore, held_out: OpenedStore) -> None:
     """A class name must have the same index in both stores (else accuracy compares apples with pears)."""
     ours, theirs = train.schema.label_map or {}, held_out.schema.label_map or {}
     for name, index in theirs.items():

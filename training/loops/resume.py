@@ -31,7 +31,7 @@ def checkpoint_signature(cfg: TrainConfig, p: Plan) -> str:
     the model, and what the order of an epoch depends on (a position names a global batch of
     that order), not the pacing nor the number of ranks, workers or threads."""
     key = {"data": store_identity(p.store), "field": p.store.spec.name, "framework": cfg.framework,
-           "width": cfg.width, "num_classes": p.num_classes, "seed": cfg.seed,
+           "width": cfg.width, "num_classes": p.num_classes, "seed": cfg.epoch.seed,
            "global_batch_size": p.epoch.global_batch, "lanes": p.epoch.lane_count,
            "shuffle_buffer": p.epoch.shuffle_buffer}
     return json.dumps(key, sort_keys=True)
@@ -70,7 +70,7 @@ class Preemption(SignalFlag):
         super().__init__(signal.SIGTERM)
 
 
-def after_step(cfg: TrainConfig, global_step: int, preemption: "Preemption", save: Callable[[], None]) -> bool:
+def after_step(cfg: TrainConfig, global_step: int, preemption: Preemption, save: Callable[[], None]) -> bool:
     """Checkpoint every --checkpoint-every steps, and on SIGTERM; True when the run must stop."""
     if cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0:
         save()

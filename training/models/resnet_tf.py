@@ -2,8 +2,16 @@
 as resnet_torch (channels-last inputs, as stored)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-def _block(layers, conv, x, filters: int, stride: int, name: str):
+if TYPE_CHECKING:
+    import keras
+
+
+def _block(layers: ModuleType, conv: Callable[..., keras.layers.Layer], x: keras.KerasTensor, filters: int,
+           stride: int, name: str) -> keras.KerasTensor:
     shortcut = x
     y = conv(filters, 3, strides=stride, padding="same", use_bias=False, name=f"{name}_conv1")(x)
     y = layers.BatchNormalization(momentum=0.9, name=f"{name}_bn1")(y)
@@ -16,7 +24,7 @@ def _block(layers, conv, x, filters: int, stride: int, name: str):
     return layers.ReLU()(layers.Add()([y, shortcut]))
 
 
-def build(input_shape: tuple[int, ...], num_outputs: int, width: int = 64):
+def build(input_shape: tuple[int, ...], num_outputs: int, width: int = 64) -> keras.Model:
     """3D model for (X, Y, Z, C) inputs, 2D for (H, W, C); outputs are logits."""
     import keras
     from keras import layers
@@ -40,7 +48,7 @@ def build(input_shape: tuple[int, ...], num_outputs: int, width: int = 64):
     return keras.Model(inputs, outputs, name="resnet18_3d" if len(input_shape) == 4 else "resnet18_2d")
 
 
-def parameter_count(model) -> dict[str, int]:
+def parameter_count(model: keras.Model) -> dict[str, int]:
     import numpy as np
 
     trainable = int(sum(np.prod(w.shape) for w in model.trainable_weights))

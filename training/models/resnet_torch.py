@@ -8,32 +8,36 @@ volumes (N, X, Y, Z, C) and images (N, H, W, C); the model moves channels first 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 
 class _Block(nn.Module):
-    def __init__(self, conv, norm, cin: int, cout: int, stride: int):
+    def __init__(self, conv: Callable[..., nn.Module], norm: Callable[[int], nn.Module], cin: int, cout: int,
+                 stride: int) -> None:
         super().__init__()
         self.conv1 = conv(cin, cout, 3, stride=stride, padding=1, bias=False)
         self.bn1 = norm(cout)
         self.conv2 = conv(cout, cout, 3, stride=1, padding=1, bias=False)
         self.bn2 = norm(cout)
         self.relu = nn.ReLU(inplace=True)
-        self.down = None
+        self.down: nn.Module | None = None
         if stride != 1 or cin != cout:
             self.down = nn.Sequential(conv(cin, cout, 1, stride=stride, bias=False), norm(cout))
 
-    def forward(self, x):
-        out = self.relu(self.bn1(self.conv1(x)))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
-        return self.relu(out + (x if self.down is None else self.down(x)))
+        out = self.relu(out + (x if self.down is None else self.down(x)))
+        return out
 
 
 class ResNet18(nn.Module):
     """ResNet-18; ``dims`` 3 for volumes (N, X, Y, Z, C), 2 for images (N, H, W, C)."""
 
-    def __init__(self, in_channels: int, num_outputs: int, dims: int = 3, width: int = 64):
+    def __init__(self, in_channels: int, num_outputs: int, dims: int = 3, width: int = 64) -> None:
         super().__init__()
         self.dims = dims
         stages = tuple(width * m for m in (1, 2, 4, 8))
@@ -54,12 +58,11 @@ class ResNet18(nn.Module):
         self.head = nn.Linear(stages[-1], num_outputs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.dims == 3:  # (N, X, Y, Z, C) -> (N, C, Z, X, Y): depth is the short Z axis
-            x = x.permute(0, 4, 3, 1, 2)
-        else:  # (N, H, W, C) -> (N, C, H, W)
-            x = x.permute(0, 3, 1, 2)
+        # 3D: (N, X, Y, Z, C) -> (N, C, Z, X, Y), depth being the short Z axis; 2D: (N, H, W, C) -> (N, C, H, W)
+        x = x.permute(0, 4, 3, 1, 2) if self.dims == 3 else x.permute(0, 3, 1, 2)
         x = self.features(x.contiguous())
-        return self.head(torch.flatten(self.pool(x), 1))
+        logits: torch.Tensor = self.head(torch.flatten(self.pool(x), 1))
+        return logits
 
 
 def build(input_shape: tuple[int, ...], num_outputs: int, width: int = 64) -> ResNet18:

@@ -19,13 +19,14 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import numpy as np
+import numpy.typing as npt
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
-from trainfeed.converters.formats.options import Columns
+from trainfeed.converters.formats.interface import Columns, Empty, OpenFiles
 from trainfeed.converters.sources.samples import ordered_map
 from trainfeed.training.reading.order import EpochOrder, Part, Window
 
@@ -39,9 +40,9 @@ class Recycler:
     all keep that array alive (a view's base stops at an array whose base is not an array),
     so the block returns to the pool only when no view of it is left."""
 
-    def __init__(self, keep: int = 8):
+    def __init__(self, keep: int = 8) -> None:
         self.keep = keep
-        self.free: dict[tuple, list[np.ndarray]] = {}
+        self.free: dict[tuple[tuple[int, ...], str], list[np.ndarray]] = {}
         self.lock = threading.Lock()
         # a thread of the parent may hold the lock when a DataLoader forks its workers
         os.register_at_fork(after_in_child=self._after_fork)
@@ -49,7 +50,7 @@ class Recycler:
     def _after_fork(self) -> None:
         self.lock = threading.Lock()
 
-    def empty(self, shape: tuple, dtype) -> np.ndarray:
+    def empty(self, shape: tuple[int, ...], dtype: npt.DTypeLike) -> np.ndarray:
         dtype = np.dtype(dtype)
         key = (tuple(shape), dtype.str)
         with self.lock:
@@ -61,7 +62,7 @@ class Recycler:
         weakref.finalize(flat, self._give_back, key, block)
         return flat.reshape(shape)
 
-    def _give_back(self, key: tuple, block: np.ndarray) -> None:
+    def _give_back(self, key: tuple[tuple[int, ...], str], block: np.ndarray) -> None:
         with self.lock:
             blocks = self.free.setdefault(key, [])
             if len(blocks) < self.keep:
@@ -115,7 +116,7 @@ def schedule(order: EpochOrder, parts: list[Part], start_batch: int) -> tuple[li
 
 
 def gather(order: EpochOrder, parts: list[Part], k: int, rank: int, world: int,
-           loaded: dict[tuple[int, int], list[Columns]], empty=np.empty
+           loaded: dict[tuple[int, int], list[Columns]], empty: Empty = np.empty
            ) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray | None]:
     """Batch ``k`` of this rank from its loaded windows ((lane, window) -> each unit's columns):
     part by part, window by window, rows grouped by unit; with the samples' own shapes when
@@ -154,14 +155,14 @@ def gather(order: EpochOrder, parts: list[Part], k: int, rank: int, world: int,
     return x, y, ids, shapes
 
 
-def run_epoch(order: EpochOrder, rank: int, world: int, read: Callable[[int, dict, Callable], Columns],
+def run_epoch(order: EpochOrder, rank: int, world: int, read: Callable[[int, OpenFiles, Empty], Columns],
               describe: Callable[[int], str], *, workers: int, start_batch: int = 0,
               upcoming: Callable[[int], None] | None = None, ahead: int = 0,
               empty: Callable[..., np.ndarray] | None = None
               ) -> Iterator[tuple[np.ndarray, np.ndarray, list[str], np.ndarray | None]]:
     """Rank ``rank`` of ``world``'s batches ``start_batch``.. of ``order`` as (x, y, ids, shapes).
-    ``read(piece_index, handles, empty)`` reads one piece (``handles``: a dict the reading thread
-    keeps its open files in; ``empty``: where to allocate arrays it fills itself);
+    ``read(piece_index, handles, empty)`` reads one piece (``handles``: the files the reading
+    thread keeps open; ``empty``: where to allocate arrays it fills itself);
     ``describe(piece_index)`` names its file in errors. ``upcoming(piece_index)`` is told of each
     piece ``ahead`` reads before it is read (a remote reader starts fetching it). ``empty``: where
     each batch's x is allocated (default: recycled memory)."""
@@ -187,7 +188,7 @@ def run_epoch(order: EpochOrder, rank: int, world: int, read: Callable[[int, dic
         i = pieces[pos]
         if upcoming is not None:
             tell(pos + 1 + ahead)
-        cols = read(i, local.__dict__.setdefault("handles", {}), recycler.empty)
+        cols = read(i, local.__dict__.setdefault("handles", OpenFiles()), recycler.empty)
         listed = order.piece_rows[i]
         if not len(cols.ids) == len(cols.labels) == len(cols.x) == listed:
             raise TrainfeedError(f"{describe(i)}: read {len(cols.ids)} ids, {len(cols.labels)} labels and "

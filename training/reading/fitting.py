@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
-from trainfeed.converters.formats.options import Columns
+from trainfeed.converters.formats.interface import Columns, Empty
 from trainfeed.converters.layout import FieldSpec
 
 HOW = ("pad", "crop", "resize")
@@ -67,7 +67,8 @@ def _resized_axis(a: np.ndarray, axis: int, size: int) -> np.ndarray:
     lo = np.floor(pos).astype(np.int64)
     hi = np.minimum(lo + 1, n - 1)
     w = (pos - lo).reshape([size if k == axis else 1 for k in range(a.ndim)])
-    return np.take(a, lo, axis) * (1 - w) + np.take(a, hi, axis) * w
+    mixed: np.ndarray = np.take(a, lo, axis) * (1 - w) + np.take(a, hi, axis) * w
+    return mixed
 
 
 def _resized(arr: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -101,7 +102,7 @@ def fit_into(where: str, sample_id: str, arr: np.ndarray, fit: Fit, out: np.ndar
     return arr.shape
 
 
-def fit_piece(cols: Columns, fit: Fit, where: str, empty=np.empty) -> Columns:
+def fit_piece(cols: Columns, fit: Fit, where: str, empty: Empty = np.empty) -> Columns:
     """A piece's samples (an object array of arrays, or one array of fixed-shape samples) as one
     array of the fit's shape, with each sample's own shape (``Columns.shapes``)."""
     n = len(cols.x)

@@ -17,14 +17,15 @@ from __future__ import annotations
 import hashlib
 import io
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, cast
+from typing import cast
 
 import numpy as np
 from PIL import Image
 
 from trainfeed.converters.errors import SampleError, TrainfeedError
-from trainfeed.converters.formats.options import Columns
+from trainfeed.converters.formats.interface import Columns, Empty
 from trainfeed.converters.layout import RAW, FieldSpec
 from trainfeed.converters.sources.decode import _IMAGE_ERRORS, _in_mode, _pixel_array, _undecodable, exact_pixels
 
@@ -99,7 +100,7 @@ class Augment:
         return (left, top, left + w, top + h), bool(rng.random() < 0.5)
 
 
-def decode(data, decoding: Decoding, where: str, sample_id: str, augment: Augment | None = None) -> np.ndarray:
+def decode(data: bytes, decoding: Decoding, where: str, sample_id: str, augment: Augment | None = None) -> np.ndarray:
     """One image as an (H, W, C) array of ``decoding``'s size, channels and dtype."""
     with _opened(where, data) as img:
         width, height = img.size
@@ -119,7 +120,8 @@ def decode(data, decoding: Decoding, where: str, sample_id: str, augment: Augmen
     return pixels[:, ::-1] if flip else pixels
 
 
-def _resized(where: str, img: Image.Image, data, decoding: Decoding, box: tuple) -> np.ndarray:
+def _resized(where: str, img: Image.Image, data: bytes, decoding: Decoding,
+             box: tuple[float, float, float, float]) -> np.ndarray:
     """``box`` of the image resized to the output size; a JPEG is first decoded at the
     smallest DCT scale that keeps at least the output's resolution inside ``box``."""
     height, width = decoding.size
@@ -137,7 +139,7 @@ def _resized(where: str, img: Image.Image, data, decoding: Decoding, box: tuple)
     return _pixel_array(out)
 
 
-def _opened(where: str, data) -> Image.Image:
+def _opened(where: str, data: bytes) -> Image.Image:
     try:
         return Image.open(io.BytesIO(data))
     except _IMAGE_ERRORS as exc:
@@ -145,7 +147,7 @@ def _opened(where: str, data) -> Image.Image:
 
 
 def decode_piece(cols: Columns, decoding: Decoding, where: str, augment: Augment | None,
-                 empty: Callable = np.empty) -> Columns:
+                 empty: Empty = np.empty) -> Columns:
     """A piece read with its encoded images (``cols.x``: one buffer per row) -> the same rows
     with decoded images, in memory from ``empty``."""
     x = empty((len(cols.ids), *decoding.size, decoding.channels), np.dtype(decoding.dtype))

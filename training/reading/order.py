@@ -28,9 +28,9 @@ Everything here is computed from row counts alone; nothing is read.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Sequence
 
 import numpy as np
 
@@ -122,7 +122,7 @@ class EpochOrder:
     batches of ``global_batch`` samples, dealt from ``lanes`` lanes."""
 
     def __init__(self, piece_rows: Sequence[int], *, global_batch: int, lanes: int, seed: int, epoch: int,
-                 shuffle: bool, shuffle_buffer: int, drop_last: bool, pad: bool = False):
+                 shuffle: bool, shuffle_buffer: int, drop_last: bool, pad: bool = False) -> None:
         check_batching(global_batch, lanes)
         self.pad = pad and not drop_last
         self.piece_rows = [int(n) for n in piece_rows]

@@ -12,22 +12,23 @@ import os
 import queue
 import threading
 import warnings
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from trainfeed.converters.errors import TrainfeedError
-from trainfeed.converters.formats.options import labels_array
+from trainfeed.converters.formats.interface import labels_array
 from trainfeed.converters.layout import ID, LABEL, FieldSpec, decode_tensor
 
 if TYPE_CHECKING:
-    from trainfeed.training.reading.store import EpochOptions, Store
+    from trainfeed.training.reading.store import EpochOptions, OpenedStore
 
 POOLS = ("sharded", "process", "thread", "dummy")
 INSTALL = "pip install 'trainfeed[petastorm]'"
 
 
-def make_batch_reader():
+def make_batch_reader() -> Callable[..., Any]:
     try:
         import petastorm
     except ImportError:
@@ -36,20 +37,25 @@ def make_batch_reader():
     # Petastorm 0.13.1 drives pyarrow 14's legacy dataset API: its deprecation warnings say
     # nothing a trainfeed user can act on.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm(\..*)?$")
-    return petastorm.make_batch_reader
+    reader: Callable[..., Any] = petastorm.make_batch_reader
+    return reader
 
 
-def _reader(store: Store, opts: EpochOptions, epoch: int, pool: str, workers: int, cur_shard: int, shard_count: int):
-    urls = ["file://" + os.path.abspath(f) if "://" not in f else f for f in store.extra["files"]]
+def _reader(store: OpenedStore, opts: EpochOptions, epoch: int, pool: str, workers: int, cur_shard: int,
+            shard_count: int) -> Any:
+    urls = ["file://" + os.path.abspath(f) if "://" not in f else f for f in store.listing.files]
     kwargs = dict(cur_shard=cur_shard, shard_count=shard_count) if shard_count > 1 else {}
     return make_batch_reader()(urls, schema_fields=[ID, LABEL, store.spec.name], num_epochs=1,
                                shuffle_row_groups=opts.shuffle, seed=opts.seed + epoch + 7919 * cur_shard,
                                reader_pool_type=pool, workers_count=workers, **kwargs)
 
 
-def _decode_rows(rb, spec: FieldSpec) -> tuple[list, np.ndarray, np.ndarray | list]:
+Rows = tuple[list[str], np.ndarray, "np.ndarray | list[np.ndarray]"]
+
+
+def _decode_rows(rb: Any, spec: FieldSpec) -> Rows:
     values = getattr(rb, spec.name)
-    x: np.ndarray | list
+    x: np.ndarray | list[np.ndarray]
     if len(values) and isinstance(values[0], bytes):
         # views into Petastorm's bytes objects: the one copy happens when a batch is stacked
         x = [decode_tensor(v, spec) for v in values]
@@ -60,7 +66,7 @@ def _decode_rows(rb, spec: FieldSpec) -> tuple[list, np.ndarray, np.ndarray | li
     return list(getattr(rb, ID)), labels_array(getattr(rb, LABEL)), x
 
 
-def _drain(reader, spec: FieldSpec) -> Iterator[tuple]:
+def _drain(reader: Any, spec: FieldSpec) -> Iterator[Rows]:
     try:
         for rb in reader:
             yield _decode_rows(rb, spec)
@@ -69,14 +75,14 @@ def _drain(reader, spec: FieldSpec) -> Iterator[tuple]:
         reader.join()
 
 
-def _merge_in_threads(sources: Sequence[Callable[[], Iterator]], depth: int = 4) -> Iterator:
+def _merge_in_threads(sources: Sequence[Callable[[], Iterator[Rows]]], depth: int = 4) -> Iterator[Rows]:
     """Items of several iterators, each drained ahead by its own thread, taken round-robin:
     the merged order is as deterministic as the sources are."""
-    queues: list[queue.Queue] = [queue.Queue(maxsize=depth) for _ in sources]
+    queues: list[queue.Queue[object]] = [queue.Queue(maxsize=depth) for _ in sources]
     stop = threading.Event()
     done = object()
 
-    def run(make, q):
+    def run(make: Callable[[], Iterator[Rows]], q: queue.Queue[object]) -> None:
         try:
             for item in make():
                 while not stop.is_set():
@@ -105,14 +111,14 @@ def _merge_in_threads(sources: Sequence[Callable[[], Iterator]], depth: int = 4)
                 elif isinstance(item, BaseException):
                     raise item
                 else:
-                    yield item
+                    yield cast("Rows", item)
     finally:
         stop.set()
         for t in threads:
             t.join(10)
 
 
-def rows(store: Store, opts: EpochOptions, epoch: int) -> Iterator[tuple[list, np.ndarray, np.ndarray]]:
+def rows(store: OpenedStore, opts: EpochOptions, epoch: int) -> Iterator[Rows]:
     """Petastorm ``make_batch_reader`` rows of this rank's shard (row groups ``i % world_size == rank``:
     Petastorm decides the order, so its pools have no global order across ranks).
 
@@ -150,7 +156,7 @@ def rows(store: Store, opts: EpochOptions, epoch: int) -> Iterator[tuple[list, n
                              f"while training); use --reader-pool arrow (the default), sharded, process or dummy")
 
 
-def batches(store: Store, opts: EpochOptions, epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray, list[str]]]:
+def batches(store: OpenedStore, opts: EpochOptions, epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray, list[str]]]:
     """One epoch as (x, y, ids): rows sit in a seeded buffer as views into what Petastorm
     produced; a shuffled batch draws random rows from it (swap-remove) and stacks them."""
     rng = np.random.default_rng((opts.seed, epoch, 1))
@@ -158,7 +164,7 @@ def batches(store: Store, opts: EpochOptions, epoch: int) -> Iterator[tuple[np.n
     size = opts.rank_batch
     limit = max(size, opts.shuffle_buffer if opts.shuffle else size)
 
-    def take(n: int):
+    def take(n: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
         if opts.shuffle:
             taken = []
             for _ in range(n):

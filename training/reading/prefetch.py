@@ -6,6 +6,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from trainfeed.training.reading.store import Batch
 
@@ -16,8 +17,8 @@ class Prefetcher:
 
     _END = object()
 
-    def __init__(self, batches: Iterator[Batch], convert: Callable[[Batch], object], depth: int = 2):
-        self._q: queue.Queue = queue.Queue(maxsize=depth)
+    def __init__(self, batches: Iterator[Batch], convert: Callable[[Batch], object], depth: int = 2) -> None:
+        self._q: queue.Queue[object] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(batches, convert), daemon=True,
                                         name="trainfeed-prefetch")
@@ -34,7 +35,7 @@ class Prefetcher:
                 continue
         return False
 
-    def _run(self, batches, convert) -> None:
+    def _run(self, batches: Iterator[Batch], convert: Callable[[Batch], object]) -> None:
         try:
             for batch in batches:
                 if not self._put((batch, convert(batch))):
@@ -43,7 +44,8 @@ class Prefetcher:
         except BaseException as exc:  # handed to the training thread
             self._put(exc)
 
-    def get(self):
+    def get(self) -> tuple[Any, float]:
+        """(the next (batch, converted) pair, or None at the end; seconds waited for it)."""
         t0 = time.perf_counter()
         item = self._q.get()
         wait = time.perf_counter() - t0

@@ -25,42 +25,42 @@ import json
 import math
 import os
 import posixpath
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
-from trainfeed.converters.formats import foreign_table
+from trainfeed.converters.formats import foreign_table, registry
 from trainfeed.converters.formats.foreign import HINT as FOREIGN_HINT
-from trainfeed.converters.formats.interface import Format
-from trainfeed.converters.formats.options import Columns, OpenOptions
-from trainfeed.converters.formats.registry import DATA_SUFFIXES, IN_PLACE, TABLE_SUFFIXES, detect_format, detect_table
-from trainfeed.converters.formats.registry import FORMATS as REGISTRY
+from trainfeed.converters.formats.interface import Columns, Empty, OpenFiles
+from trainfeed.converters.formats.options import OpenOptions
+from trainfeed.converters.formats.registry import FORMATS, IN_PLACE, AnyFormat, detect_format, detect_table
 from trainfeed.converters.sources.dtypes import check_dtype_option
 from trainfeed.converters.storage import fetch
 from trainfeed.converters.storage.location import Location, is_remote, locate
 from trainfeed.training.reading import engine, fitting, images, petastorm_reader
 from trainfeed.training.reading.order import EpochOrder
-from trainfeed.training.reading.store import Batch, EpochOptions, Store
+from trainfeed.training.reading.store import Batch, EpochOptions, OpenedStore
 
-FORMATS = tuple(REGISTRY)
 POOLS = ("arrow", *petastorm_reader.POOLS)
 
 
-def detect(path: str, storage_options: dict | None = None) -> str:
+def detect(path: str, storage_options: dict[str, Any] | None = None) -> str:
     """The format of the store at ``path`` (local or URL); the small files ("blob") when it is not a store."""
     return detect_format(path, storage_options) or IN_PLACE
 
 
-def open_store(path: str, fmt: str | None = None, opts: OpenOptions = OpenOptions(), pool: str = "arrow") -> Store:
+def open_store(path: str, fmt: str | None = None, opts: OpenOptions = OpenOptions(),
+               pool: str = "arrow") -> OpenedStore:
     """Open ``path`` (a local path or a URL: abfs://, az://, abfss://, s3://, gs://, file://)
     as ``fmt`` (detected when None) and list its pieces. ``pool``: the reader pool its epochs
     will be read with (``EpochOptions.pool``), checked against the store before anything is read."""
     if not isinstance(path, str) or not path.strip():
         raise UsageError(f"a store's path or URL is needed, not {path!r} (an empty path would name the current "
                          "folder)")
-    if fmt is not None and fmt not in REGISTRY:
-        raise UsageError(f"--format must be one of {', '.join(REGISTRY)}, not {fmt!r}")
+    if fmt is not None and fmt not in FORMATS:
+        raise UsageError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
     if pool not in POOLS:
         raise UsageError(f"--reader-pool must be one of {', '.join(POOLS)}, not {pool!r}")
     if opts.io_concurrency < 1:
@@ -71,7 +71,7 @@ def open_store(path: str, fmt: str | None = None, opts: OpenOptions = OpenOption
         fmt = _foreign_format(path, fmt, opts, pool)
     detected = fmt is None
     fmt = fmt or detect(path, opts.storage_options)
-    module = REGISTRY[fmt]
+    module = FORMATS[fmt]
     if opts.cast is not None and not module.in_place:
         raise UsageError(f"--cast reads a folder of small files; {path} is a {fmt} store, whose samples have one dtype")
     if opts.version is not None and not module.versioned:
@@ -86,7 +86,7 @@ def open_store(path: str, fmt: str | None = None, opts: OpenOptions = OpenOption
         _check_sample_folder(location)
     try:
         if opts.foreign is not None:
-            listing = foreign_table.list_pieces(location, fmt, opts, opts.foreign)
+            listing = foreign_table.list_pieces(location, module.versioned, opts, opts.foreign)
         else:
             listing = module.list_pieces(path if module.in_place else location, opts)
     except TrainfeedError:
@@ -95,9 +95,7 @@ def open_store(path: str, fmt: str | None = None, opts: OpenOptions = OpenOption
         hint = f"; {FOREIGN_HINT}" if opts.foreign is None and _foreign_table(location, module) else ""
         raise TrainfeedError(f"{location.shown}: cannot open as a {fmt} store: {exc}{hint}") from exc
     store_path = path if remote or not module.writable else location.path
-    store = Store(store_path, fmt, listing.schema, listing.spec, listing.pieces, listing.rows, listing.version,
-                  {**listing.extra, "files": listing.files, "listing": listing, "root": location.path},
-                  local=not remote, options=opts)
+    store = OpenedStore(store_path, fmt, listing, location.path, local=not remote, options=opts)
     if not listing.spec.is_raw:
         if uses_petastorm(store, pool):
             raise UsageError(f"--reader-pool {pool}: {location.shown} holds encoded images, which the default "
@@ -119,7 +117,7 @@ def open_store(path: str, fmt: str | None = None, opts: OpenOptions = OpenOption
 def _foreign_format(path: str, fmt: str | None, opts: OpenOptions, pool: str) -> str:
     """The format of a table read with ``opts.foreign``: Parquet or Delta (detected by its log),
     and what does not combine with reading one."""
-    if fmt is not None and not REGISTRY[fmt].parquet_files:
+    if fmt is not None and not FORMATS[fmt].parquet_files:
         raise UsageError(f"--tensor-column reads Parquet and Delta tables, not --format {fmt}")
     if pool != "arrow":
         raise UsageError(f"--reader-pool {pool}: a table read with --tensor-column is read by the default "
@@ -133,7 +131,7 @@ def _foreign_format(path: str, fmt: str | None, opts: OpenOptions, pool: str) ->
     return fmt or detect_table(path, opts.storage_options)
 
 
-def _foreign_table(location: Location, module: Format) -> bool:
+def _foreign_table(location: Location, module: AnyFormat) -> bool:
     """Whether a store that cannot be opened is a table with a log (Delta) trainfeed did not
     write: one read by naming its columns."""
     try:
@@ -142,20 +140,20 @@ def _foreign_table(location: Location, module: Format) -> bool:
         return False
 
 
-def _check_sample_folder(location) -> None:
+def _check_sample_folder(location: Location) -> None:
     """A path that is no store is read as a folder of small files; say plainly when it is
     nothing at all, the data files of a store without its commit record, or Parquet that
     another tool wrote."""
     if not location.exists():
         raise TrainfeedError(f"{location.shown}: not found (no store and no folder of sample files there)")
     if not location.fs.isdir(location.path):
-        if location.path.endswith(TABLE_SUFFIXES):
+        if location.path.endswith(registry.TABLE_SUFFIXES):
             raise TrainfeedError(f"{location.shown}: a Parquet file that is not a trainfeed store; {FOREIGN_HINT}")
         return
     names = [n for n in location.names() if not n.startswith(("_", "."))]  # Spark's _SUCCESS, checksums
-    data = [n for n in names if n.endswith(DATA_SUFFIXES)]
+    data = [n for n in names if n.endswith(registry.DATA_SUFFIXES)]
     if data and len(data) == len(names):
-        foreign = any(n.endswith(TABLE_SUFFIXES) for n in data)
+        foreign = any(n.endswith(registry.TABLE_SUFFIXES) for n in data)
         raise TrainfeedError(f"{location.shown}: not a complete store: {len(data)} data files but no "
                              "_trainfeed.json manifest or Delta log (the parts of an interrupted conversion?); "
                              "convert again" + (f"; {FOREIGN_HINT}" if foreign else ""))
@@ -166,13 +164,13 @@ def _check_sample_folder(location) -> None:
 SHUFFLE_BYTES = 1 << 30
 
 
-def shuffle_rows(store: Store, opts: EpochOptions) -> int:
+def shuffle_rows(store: OpenedStore, opts: EpochOptions) -> int:
     """The rows shuffled together: ``shuffle_buffer``, at most ``SHUFFLE_BYTES`` of samples."""
     sample = store.sample_spec.sample_nbytes
     return max(1, min(opts.shuffle_buffer, SHUFFLE_BYTES // sample)) if sample else opts.shuffle_buffer
 
 
-def epoch_order(store: Store, opts: EpochOptions, epoch: int = 0) -> EpochOrder:
+def epoch_order(store: OpenedStore, opts: EpochOptions, epoch: int = 0) -> EpochOrder:
     """The epoch's order (from row counts only; nothing is read). Several ranks without
     ``drop_last`` get the short last batch padded, so that each rank's last batch is full."""
     return EpochOrder(store.piece_rows, global_batch=opts.global_batch, lanes=opts.lane_count, seed=opts.seed,
@@ -180,14 +178,14 @@ def epoch_order(store: Store, opts: EpochOptions, epoch: int = 0) -> EpochOrder:
                       drop_last=opts.drop_last, pad=opts.world_size > 1)
 
 
-def batches_per_rank(store: Store, opts: EpochOptions) -> int:
+def batches_per_rank(store: OpenedStore, opts: EpochOptions) -> int:
     """Batches each rank reads in an epoch (the same on every rank; none is refused): the
     engine's order, or for a Petastorm pool the full batches of the smallest shard (its ranks
     read whole row groups and would otherwise run different numbers of steps)."""
     path = store.path
     if uses_petastorm(store, opts.pool) and opts.world_size > 1:
         if len(store.pieces) < opts.world_size:
-            raise TrainfeedError(f"{path}: {len(store.pieces)} {store.module.UNIT} cannot be split across "
+            raise TrainfeedError(f"{path}: {len(store.pieces)} {store.piece_reader.UNIT} cannot be split across "
                                  f"{opts.world_size} ranks by a Petastorm pool; use --reader-pool arrow (the default), "
                                  "or rewrite the store with a smaller --row-group-size")
         rows = min(store.shard_rows(k, opts.world_size) for k in range(opts.world_size))
@@ -200,7 +198,7 @@ def batches_per_rank(store: Store, opts: EpochOptions) -> int:
     return count
 
 
-def uses_petastorm(store: Store, pool: str) -> bool:
+def uses_petastorm(store: OpenedStore, pool: str) -> bool:
     """Whether ``pool`` reads this store through Petastorm (a Petastorm pool, Parquet or Delta files)."""
     if pool not in POOLS:
         raise UsageError(f"--reader-pool must be one of {', '.join(POOLS)}, not {pool!r}")
@@ -210,7 +208,7 @@ def uses_petastorm(store: Store, pool: str) -> bool:
     return pool in petastorm_reader.POOLS and store.format.parquet_files
 
 
-def iter_batches(store: Store, opts: EpochOptions, epoch: int = 0, start_batch: int = 0,
+def iter_batches(store: OpenedStore, opts: EpochOptions, epoch: int = 0, start_batch: int = 0,
                  empty: Callable[..., np.ndarray] | None = None) -> Iterator[Batch]:
     """This rank's batches of one epoch: its part of every global batch, in an order fixed by
     (seed, epoch) whatever the world size. ``start_batch``: batches start_batch.. of that epoch;
@@ -221,9 +219,9 @@ def iter_batches(store: Store, opts: EpochOptions, epoch: int = 0, start_batch: 
             if k >= start_batch:
                 yield Batch(x, y, ids)
         return
-    listing, module = store.extra["listing"], store.module
+    listing, module = store.listing, store.piece_reader
 
-    def read(i: int, handles: dict, empty) -> Columns:
+    def read(i: int, handles: OpenFiles, empty: Empty) -> Columns:
         cols = module.read_piece(listing, store.pieces[i], handles, empty)
         where = module.piece_file(store.pieces[i])
         if store.images is not None:
@@ -249,7 +247,7 @@ def iter_batches(store: Store, opts: EpochOptions, epoch: int = 0, start_batch: 
         yield Batch(x, y, ids, len(ids) - order.real_rows(k, opts.rank, opts.world_size), shapes)
 
 
-def _check_samples(cols: Columns, store: Store, where: str) -> None:
+def _check_samples(cols: Columns, store: OpenedStore, where: str) -> None:
     """Samples of one shape and dtype, the store's (small files differ where a folder mixes them)."""
     spec = store.sample_spec
     if spec.shape is None or not len(cols.x):
@@ -265,7 +263,7 @@ def _check_samples(cols: Columns, store: Store, where: str) -> None:
                          f"{dtype} {shape}: {fix}")
 
 
-def pieces_ahead(store: Store) -> int:
+def pieces_ahead(store: OpenedStore) -> int:
     """Pieces whose bytes are requested before they are decoded, so that ``io_concurrency``
     range requests stay in flight across pieces: one request per small file or row group up
     to ``fetch.MAX_REQUEST``; a larger piece is fetched as concurrent parts."""
@@ -274,7 +272,7 @@ def pieces_ahead(store: Store) -> int:
     return math.ceil(store.options.io_concurrency / fetch.requests_for(piece_bytes))
 
 
-def reading_threads(store: Store, opts: EpochOptions, fetch_ahead: bool = False) -> int:
+def reading_threads(store: OpenedStore, opts: EpochOptions, fetch_ahead: bool = False) -> int:
     """Pieces decoded at once: ``workers``. On object storage a format without ahead fetching
     (HDF5, small files) reads ``pieces_ahead`` pieces at once instead, each thread waiting for
     its own requests; Parquet and Delta keep decoding to ``workers`` threads (fewer threads,
@@ -286,7 +284,7 @@ def reading_threads(store: Store, opts: EpochOptions, fetch_ahead: bool = False)
 
 # ------------------------------------------------------------------ what a store holds
 
-def store_identity(store: Store) -> str:
+def store_identity(store: OpenedStore) -> str:
     """What identifies a store's content, whatever path or URL it was opened by (checkpoints
     must match it). The id its writer gave it (for Delta, with the version read) when there
     is one; else a fingerprint of its content (see ``_fingerprint``)."""
@@ -298,7 +296,7 @@ def store_identity(store: Store) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _fingerprint(store: Store) -> dict:
+def _fingerprint(store: OpenedStore) -> dict[str, object]:
     """Content only, never the path: the schema (less ``source``, a path), the rows of every
     piece, each data file's name within the store and size (blob: each file's id and size),
     every label, and the first sample (id, label, tensor bytes) of the first and of the last
@@ -310,9 +308,9 @@ def _fingerprint(store: Store) -> dict:
     if store.format.in_place:  # the pieces are the files
         files = [[f.id, f.size] for f in store.pieces]
     else:
-        files = [_file_entry(store, f) for f in store.extra["files"]]
+        files = [_file_entry(store, f) for f in store.listing.files]
     digest = hashlib.sha256()
-    for labels in store.module.read_labels(store.extra["listing"]):
+    for labels in store.piece_reader.read_labels(store.listing):
         digest.update(labels.astype("<i8").tobytes())
     for index in sorted({0, len(store.pieces) - 1}):
         sample_id, label, value = _first_sample(store, index)
@@ -322,32 +320,32 @@ def _fingerprint(store: Store) -> dict:
             "files": files, "content": digest.hexdigest()}
 
 
-def _file_entry(store: Store, file: str) -> list:
+def _file_entry(store: OpenedStore, file: str) -> list[str | int]:
     """[name within the store ("." for a single-file store), size]."""
     if not store.local:
-        return [posixpath.relpath(file, store.extra["root"]), store.extra["listing"].extra["sizes"][file]]
+        return [posixpath.relpath(file, store.root), store.listing.sizes[file]]
     local = file.removeprefix("file://")
     return [os.path.relpath(os.path.abspath(local), os.path.abspath(store.path)), os.path.getsize(local)]
 
 
-def _first_sample(store: Store, index: int) -> tuple[str, int, np.ndarray]:
+def _first_sample(store: OpenedStore, index: int) -> tuple[str, int, np.ndarray]:
     """The first sample of piece ``index``, read through fresh handles (not the readers')."""
-    cols = store.module.read_piece(store.extra["listing"], store.pieces[index], {})
+    cols = store.piece_reader.read_piece(store.listing, store.pieces[index], OpenFiles())
     return cols.ids[0], int(cols.labels[0]), cols.x[0]
 
 
-def _first_image(store: Store) -> tuple[str, str, bytes]:
+def _first_image(store: OpenedStore) -> tuple[str, str, bytes]:
     """(file, sample id, bytes) of the store's first encoded image."""
     if not store.pieces:
         raise TrainfeedError(f"{store.path}: the store holds no images")
     sample_id, _, value = _first_sample(store, 0)
-    return store.module.piece_file(store.pieces[0]), sample_id, bytes(value)
+    return store.piece_reader.piece_file(store.pieces[0]), sample_id, bytes(value)
 
 
-def label_bounds(store: Store) -> tuple[int, int] | None:
+def label_bounds(store: OpenedStore) -> tuple[int, int] | None:
     """The lowest and highest label in the store (-1 for a sample without one), reading the
     label column only; None for an empty store."""
-    columns = [y for y in store.module.read_labels(store.extra["listing"]) if len(y)]
+    columns = [y for y in store.piece_reader.read_labels(store.listing) if len(y)]
     if not columns:
         return None
     return min(int(y.min()) for y in columns), max(int(y.max()) for y in columns)

@@ -28,14 +28,15 @@ so every sample is delivered exactly once per epoch but batch composition is not
 from __future__ import annotations
 
 import socket
-from typing import Iterator
+from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
 
 from trainfeed.converters.errors import TrainfeedError, UsageError
 from trainfeed.training.reading.images import CROP_AREA, CROP_RATIO
-from trainfeed.training.reading.readers import Batch, EpochOptions, Store
+from trainfeed.training.reading.store import Batch, EpochOptions, OpenedStore
 from trainfeed.training.tensorflow_env import import_tensorflow
 
 PROCESSING_MODE = "distributed_epoch"  # every element of the source once per epoch, across all workers
@@ -75,7 +76,7 @@ def check_reachable(address: str) -> None:
                              f"dispatcher --port {port}` and its workers") from None
 
 
-def check_store(store: Store) -> None:
+def check_store(store: OpenedStore) -> None:
     """The offloaded pipeline reads local image folders of 8-bit JPEG/PNG files."""
     if not store.format.in_place or store.images is None:
         raise UsageError(f"--data-service: {store.path} is a {store.fmt} store of "
@@ -90,18 +91,17 @@ def check_store(store: Store) -> None:
                          "8-bit images only")
 
 
-def source(store: Store, opts: EpochOptions, epoch: int) -> tuple[list[str], np.ndarray, list[str]]:
+def source(store: OpenedStore, opts: EpochOptions, epoch: int) -> tuple[list[str], np.ndarray, list[str]]:
     """(paths, labels, ids) of one epoch, permuted by (seed, epoch) when shuffling."""
-    labels = store.extra["listing"].extra["labels"]
+    (y,) = store.piece_reader.read_labels(store.listing)  # the small files: one column, in piece order
     files = list(store.pieces)
     if opts.shuffle:
         order = np.random.default_rng((opts.seed, epoch)).permutation(len(files))
-        files = [files[i] for i in order]
-    y = np.array([-1 if labels.get(f.id) is None else labels.get(f.id) for f in files], np.int64)
+        files, y = [files[i] for i in order], y[order]
     return [f.path for f in files], y, [f.id for f in files]
 
 
-def dataset(store: Store, opts: EpochOptions, epoch: int):
+def dataset(store: OpenedStore, opts: EpochOptions, epoch: int) -> Any:
     """One epoch as a ``tf.data.Dataset`` of (x, y, id) samples, built from TF ops only."""
     import tensorflow as tf
 
@@ -111,7 +111,7 @@ def dataset(store: Store, opts: EpochOptions, epoch: int):
     height, width = decoding.size
     augment = opts.augment
 
-    def load(path, label, sample_id):
+    def load(path: Any, label: Any, sample_id: Any) -> Any:
         data = tf.io.read_file(path)
         img = tf.cond(tf.io.is_jpeg(data),  # libjpeg's accurate integer DCT, as Pillow decodes
                       lambda: tf.io.decode_jpeg(data, channels=decoding.channels, dct_method="INTEGER_ACCURATE"),
@@ -131,7 +131,8 @@ def dataset(store: Store, opts: EpochOptions, epoch: int):
     return tf.data.Dataset.from_tensor_slices((paths, y, ids)).map(load, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def distributed(store: Store, opts: EpochOptions, epoch: int, address: str | None, worker_batch: int = 32):
+def distributed(store: OpenedStore, opts: EpochOptions, epoch: int, address: str | None,
+                worker_batch: int = 32) -> Any:
     """The epoch's samples, processed by the service at ``address`` (None: in this process),
     in batches of ``worker_batch`` as they come from the workers."""
     import tensorflow as tf
@@ -142,7 +143,7 @@ def distributed(store: Store, opts: EpochOptions, epoch: int, address: str | Non
     return ds.apply(tf.data.experimental.service.distribute(processing_mode=PROCESSING_MODE, service=address))
 
 
-def iter_batches(store: Store, opts: EpochOptions, epoch: int, address: str) -> Iterator[Batch]:
+def iter_batches(store: OpenedStore, opts: EpochOptions, epoch: int, address: str) -> Iterator[Batch]:
     """One epoch of training batches of ``opts.batch_size`` from the service's workers, as numpy
     arrays for either framework. Writable, as every reader's: ``as_numpy_iterator`` may hand
     read-only views of TF's tensors, which ``torch.from_numpy`` warns about (a copy if so)."""

@@ -1,19 +1,21 @@
-"""What every reader shares: the options an epoch is read with, the opened ``Store`` (what it
-holds, the pieces an epoch is made of, the ``OpenOptions`` it was opened with) and the ``Batch``
-readers deliver."""
+"""What every reader shares: the options an epoch is read with, the ``OpenedStore`` (its format's
+listing of the pieces an epoch is made of, how its samples are decoded, the ``OpenOptions`` it
+was opened with) and the ``Batch`` readers deliver."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from trainfeed.converters.errors import UsageError
 from trainfeed.converters.formats import foreign_table
 from trainfeed.converters.formats.foreign import ForeignSchema
-from trainfeed.converters.formats.interface import Format, PieceReader
+from trainfeed.converters.formats.interface import PieceReader, Pieces
 from trainfeed.converters.formats.options import OpenOptions
-from trainfeed.converters.formats.registry import FORMATS as REGISTRY
+from trainfeed.converters.formats.registry import FORMATS, AnyFormat
 from trainfeed.converters.layout import DatasetSchema, FieldSpec
+from trainfeed.converters.option_docs import option
 from trainfeed.training.reading import images
 from trainfeed.training.reading.fitting import Fit
 from trainfeed.training.reading.order import check_batching, check_world, default_lanes
@@ -28,18 +30,31 @@ class EpochOptions:
     ``drop_last``, the global batch size and ``lanes`` (training/reading/order.py), never on
     ``rank``, ``world_size`` or the reader's threads and processes."""
 
-    batch_size: int = 32  # samples per batch of this rank
-    shuffle: bool = True  # a seeded order per epoch; False: the lanes read the store in order
-    seed: int = 0  # with the epoch, fixes the order (and the augmentation)
-    shuffle_buffer: int = 256  # rows shuffled together, at least (shared among the lanes; at most 1 GB of samples)
-    drop_last: bool = False  # drop the short tail (fewer rows than a global batch)
-    workers: int = 2  # threads reading (and decoding) pieces
-    pool: str = "arrow"  # arrow: trainfeed's engine; sharded | process | thread | dummy: Petastorm (Parquet/Delta)
-    rank: int = 0  # this reader's part of each global batch: rank ``rank`` of ``world_size``
-    world_size: int = 1
-    global_batch_size: int | None = None  # samples per global batch, all ranks; None: batch_size x world_size
-    lanes: int | None = None  # how the epoch is dealt (order.py); None: the largest divisor of the global batch <= 8
-    augment: bool = False  # encoded images: a random resized crop and flip, from (seed, epoch, sample id)
+    batch_size: int = option(32, help="Samples per batch (per step) of each rank (process).")
+    shuffle: bool = option(True, flag="shuffle/--no-shuffle", help="A seeded order per epoch; off: the lanes read "
+                           "the store in order.")
+    seed: int = option(0, help="With the epoch, fixes the order (and the augmentation); 0 to 2^32-1.")
+    shuffle_buffer: int = option(256, help="Samples shuffled together (at least; held in memory, shared among the "
+                                 "lanes; at most 1 GB of samples).")
+    drop_last: bool = option(False, flag="drop-last/--keep-last", help="Drop the epoch's short tail (fewer samples "
+                             "than a global batch); kept, several ranks get its last batch filled with the epoch's "
+                             "first samples.")
+    workers: int = option(2, help="Reader threads reading and decoding pieces (or, with a Petastorm reader pool, "
+                          "Petastorm's workers).")
+    pool: str = option("arrow", flag="reader-pool", help="arrow: trainfeed's own engine (default); sharded, process, "
+                       "thread, dummy: Petastorm's (Parquet and Delta), needs trainfeed[petastorm].")
+    rank: int = option(0, help="This reader's part of each global batch: rank RANK of WORLD_SIZE.")
+    world_size: int = option(1, help="Ranks reading the epoch together.")
+    global_batch_size: int | None = option(None, help="Samples per step on all ranks together, shared evenly (each "
+                                           "rank: this / world size). Default: the batch size x world size. Resuming "
+                                           "on another number of ranks needs the same global batch.")
+    lanes: int | None = option(None, help="How an epoch is dealt among ranks: it must divide the global batch; with "
+                               "a world size that divides it, each rank reads only its own lanes' pieces. Default: "
+                               "the largest divisor of the global batch up to 8. A resume keeps it.")
+    augment: bool = option(False, flag="augment/--no-augment", help="Encoded images: random resized crop (25-100% "
+                           "of the area, aspect 3/4 to 4/3) and horizontal flip of every image, drawn from (seed, "
+                           "epoch, sample id), so any number of workers gives the same batches. Stores of decoded "
+                           "pixels are delivered as stored.")
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "shuffle_buffer", "workers", "world_size"):
@@ -91,21 +106,41 @@ class Batch:
 
 
 @dataclass
-class Store:
-    """An opened store: what it holds and the pieces one epoch is made of."""
+class OpenedStore:
+    """An opened store: its format's listing of the pieces one epoch is made of, and how its
+    samples are delivered."""
 
     path: str
     fmt: str
-    schema: DatasetSchema
-    spec: FieldSpec
-    pieces: list  # format-specific units of work, in a stable order
-    piece_rows: list[int]
-    version: int | None = None
-    extra: dict = field(default_factory=dict)
+    listing: Pieces[Any]  # the format's own (formats/interface.py), typed by its module
+    root: str  # the store's path on its storage (object storage: without the scheme)
     local: bool = True  # False: on object storage (read through range requests)
     images: images.Decoding | None = None  # encoded images: how they are decoded
     fit: Fit | None = None  # arrays: how samples are given one shape (OpenOptions.fit)
     options: OpenOptions = field(default_factory=OpenOptions)  # what it was opened with
+
+    @property
+    def schema(self) -> DatasetSchema:
+        return self.listing.schema
+
+    @property
+    def spec(self) -> FieldSpec:
+        """The tensor field read, as the store holds it."""
+        return self.listing.spec
+
+    @property
+    def pieces(self) -> list[Any]:
+        """The format's units of reading, in a stable order."""
+        return self.listing.pieces
+
+    @property
+    def piece_rows(self) -> list[int]:
+        return self.listing.rows
+
+    @property
+    def version(self) -> int | None:
+        """The version read, for a versioned format (None for the others)."""
+        return self.listing.version
 
     @property
     def foreign(self) -> ForeignSchema | None:
@@ -122,17 +157,17 @@ class Store:
 
     @property
     def samples(self) -> int:
-        return sum(self.piece_rows)
+        return self.listing.samples
 
     @property
-    def format(self) -> Format:
+    def format(self) -> AnyFormat:
         """The store's format in the registry (a table another tool wrote: Parquet or Delta)."""
-        return REGISTRY[self.fmt]
+        return FORMATS[self.fmt]
 
     @property
-    def module(self) -> PieceReader:
+    def piece_reader(self) -> PieceReader[Any, Any]:
         """What reads its pieces: the format, or the reader of a table another tool wrote."""
-        return foreign_table.READER if self.foreign else REGISTRY[self.fmt]
+        return foreign_table.READER if self.foreign else FORMATS[self.fmt]
 
     def shard_pieces(self, shard: int, num_shards: int) -> list[int]:
         """Petastorm's sharding (whole pieces, ``index % num_shards == shard``): its pools only."""

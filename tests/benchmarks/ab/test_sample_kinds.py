@@ -12,6 +12,8 @@ from trainfeed.benchmarks.model.profiles import model_flops
 
 from .test_storage_bench import TINY, bench_cli, records_of, source_digest
 
+pytestmark = pytest.mark.slow  # a matrix of real conversions and reads: `make test`, not test-fast
+
 #: 8 batches of 8: more than the 2 CPU steps and the prefetch depth, so every run ends mid-epoch
 COUNT = 64
 

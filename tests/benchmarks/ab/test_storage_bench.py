@@ -66,6 +66,7 @@ def assert_read_every_sample(records, expected: str) -> None:
             assert c["on_storage"]["ids_labels_sha256"] == expected
 
 
+@pytest.mark.slow
 def test_local_backend_stages_every_store_on_local_disk_behind_the_emulation(tiny_dataset, tmp_path):
     out = tmp_path / "o"
     res = bench_cli("run", tiny_dataset, "--out", out, "--storage-backend", "local", "--storage-profile", "azure-blob",
@@ -177,7 +178,7 @@ def test_report_renders_in_headless_chromium(ab_run, tmp_path):
              "--disable-component-update", "--disable-sync", "--no-first-run",
              f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0"]
     url = (out / "report.html").resolve().as_uri()
-    dom = subprocess.run(flags + ["--dump-dom", url], capture_output=True, text=True, timeout=120)
+    dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert dom.stdout.count('<svg class="chart"') == 3  # throughput, stall, utilization (torch)
     for store in ("blob", "parquet", "delta", "hdf5"):
@@ -187,7 +188,7 @@ def test_report_renders_in_headless_chromium(ab_run, tmp_path):
     console = [line for line in dom.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
     assert console == []
     shot = tmp_path / "report.png"
-    res = subprocess.run(flags + [f"--screenshot={shot}", "--window-size=1200,2000", url], capture_output=True,
+    res = subprocess.run([*flags, f"--screenshot={shot}", "--window-size=1200,2000", url], capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == 0 and shot.stat().st_size > 20_000  # a page with charts, not a blank one
     # the first screen (1280x900) answers: what to do, what binds, how sure (issue #25)

@@ -177,7 +177,7 @@ def test_emulation_over_azurite(azurite_server):
 # ------------------------------------------------------------------ profiles
 
 def test_profile_round_trip_and_url_option(tmp_path, blob):
-    path, data = blob
+    path, _data = blob
     probed = ObjectStore("mine", 12.5, 250.0, 16, "probed here", kind="probed",
                          detail={"latency_ms": {"p50": 12.5, "p99": 30.0}, "throughput_mb_per_s": {"1": 250.0}})
     save_object_store(probed, tmp_path / "mine.json")

@@ -8,8 +8,8 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import psutil
 import pytest
@@ -29,6 +29,7 @@ def s3rver_installed():
         pytest.skip(str(exc))
 
 
+@pytest.mark.s3
 def test_serves_the_bucket_at_the_printed_options_and_ctrl_c_stops_it(tmp_path):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "trainfeed.benchmarks.emulators.s3rver", "--bucket", "cli-test",

@@ -48,7 +48,7 @@ def write_results(out, records) -> None:
 
 def test_store_order_is_blob_then_the_registry_then_the_unknown():
     assert charts.store_order(["zarr", *reversed(list(FORMATS)), "blob", "lance", "zarr"]) == \
-        list(dict.fromkeys(["blob", *FORMATS])) + ["zarr", "lance"]
+        [*list(dict.fromkeys(["blob", *FORMATS])), "zarr", "lance"]
 
 
 def test_store_colors_known_and_spare():

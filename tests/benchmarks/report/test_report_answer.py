@@ -141,13 +141,13 @@ document.body.setAttribute('data-answer', [bottom('Use '), bottom('What binds'),
     flags = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
              "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
              f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,900"]
-    dom = subprocess.run(flags + ["--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120)
+    dom = subprocess.run([*flags, "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
     use, binds, sure, width, height = map(int, re.search(r'data-answer="([-\d,]+)"', dom.stdout).group(1).split(","))
     assert width == 1280 and height <= 900  # headless Chromium keeps some of the window for itself
-    assert 0 < use and 0 < binds and 0 < sure <= height, (use, binds, sure, height)
+    assert use > 0 and binds > 0 and 0 < sure <= height, (use, binds, sure, height)
     shot = tmp_path / "first-screen.png"
-    res = subprocess.run(flags + [f"--screenshot={shot}", report_html.resolve().as_uri()], capture_output=True,
+    res = subprocess.run([*flags, f"--screenshot={shot}", report_html.resolve().as_uri()], capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == 0 and shot.stat().st_size > 20_000  # a rendered screen, not a blank one
 
@@ -205,13 +205,13 @@ def test_an_unknown_instance_is_refused_before_anything_runs(tmp_path):
 
 
 def test_catalog_notes_are_one_line_per_problem():
-    from trainfeed.benchmarks.report.markdown import _grouped_notes
+    from trainfeed.benchmarks.report.sections.method import grouped_notes
 
     notes = ["instances.csv, line 21 (aws g4dn.4xlarge): no on-demand price; time projected, cost not",
              "instances.csv, line 60 (gcp g2-standard-8): no on-demand price; time projected, cost not",
              "instances.csv, line 7 (aws p3.2xlarge): spot price older than a year",
              "dbu_rates.csv: no rate for gcp"]
-    assert _grouped_notes(notes) == [
+    assert grouped_notes(notes) == [
         "no on-demand price; time projected, cost not: aws g4dn.4xlarge, gcp g2-standard-8 "
         "(instances.csv, lines 21, 60)",
         "instances.csv, line 7 (aws p3.2xlarge): spot price older than a year",

@@ -2,7 +2,8 @@
 (checked here at run time, and by mypy where it is installed), what the registry derives from
 the formats' declarations matches what their writers write, and every writable format
 round-trips, with every codec it offers, through both of its read paths (what --verify reads and
-what training reads). A new format is one module (with its Format object) plus its line in FORMATS."""
+what training reads). A new format is one module (with its Format object) plus its entry in
+registry.BUILT_IN (tests/converters/formats/test_toy_format.py adds one at run time)."""
 from __future__ import annotations
 
 import inspect
@@ -13,9 +14,19 @@ import numpy as np
 import pytest
 
 from trainfeed.converters.formats.foreign_table import READER
-from trainfeed.converters.formats.interface import Format, PieceReader
+from trainfeed.converters.formats.interface import Format, OpenFiles, PieceReader, VersionedFormat
 from trainfeed.converters.formats.options import OpenOptions, WriteOptions
-from trainfeed.converters.formats.registry import FORMATS, IN_PLACE, PART, RUN_PART, WRITABLE, detect_format, identify
+from trainfeed.converters.formats.registry import (
+    FORMATS,
+    IN_PLACE,
+    PART,
+    RUN_PART,
+    WRITABLE,
+    detect_format,
+    identify,
+    table_formats,
+    versioned_format,
+)
 from trainfeed.converters.layout import MANIFEST, DatasetSchema, FieldSpec
 from trainfeed.converters.publish import _tagged
 from trainfeed.converters.sources.decode import Sample
@@ -30,8 +41,16 @@ def _methods(protocol: type) -> list[str]:
 
 
 def _shape(fn) -> list[tuple]:
-    """A method's parameters as a caller sees them: names, kinds, whether each has a default."""
+    """A method's parameters as a caller sees them (bound: without ``self``): names, kinds,
+    whether each has a default."""
     return [(p.name, p.kind, p.default is inspect.Parameter.empty) for p in inspect.signature(fn).parameters.values()]
+
+
+def _takes(method, interface) -> bool:
+    """Whether a format's bound ``method`` takes what the interface's says: the same parameters
+    first, then only parameters with defaults (Delta's ``read_schema`` also takes a version)."""
+    theirs, ours = _shape(method), _shape(interface)[1:]
+    return theirs[:len(ours)] == ours and all(not required for _, _, required in theirs[len(ours):])
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
@@ -40,8 +59,10 @@ def test_every_format_implements_the_interface(fmt):
     assert isinstance(f, Format)  # every member present
     assert f.name == fmt and all(isinstance(getattr(f, a), str) and getattr(f, a) for a in ("label", "noun", "UNIT"))
     assert all(isinstance(getattr(f, c), bool) for c in CAPABILITIES)
-    for name in _methods(Format) + _methods(PieceReader):  # each with the interface's one signature
-        assert _shape(getattr(type(f), name)) == _shape(getattr(Format, name)), f"{fmt}.{name}"
+    protocol = VersionedFormat if f.versioned else Format
+    assert f.versioned == isinstance(f, VersionedFormat) and (versioned_format(fmt) is f) == f.versioned
+    for name in _methods(protocol) + _methods(Format) + _methods(PieceReader):  # each the interface's signature
+        assert _takes(getattr(f, name), getattr(protocol, name)), f"{fmt}.{name}"
     if f.writable:
         assert f.DEFAULT_COMPRESSION in f.COMPRESSIONS and set(f.COMPRESSION_LEVELS) <= set(f.COMPRESSIONS)
         assert f.commit_record and f.part_names and f.run_part_names and f.suffixes
@@ -52,10 +73,11 @@ def test_every_format_implements_the_interface(fmt):
 
 
 def test_the_registry_is_what_the_formats_declare():
-    assert WRITABLE == [name for name, f in FORMATS.items() if f.writable]
+    assert [name for name, f in FORMATS.items() if f.writable] == WRITABLE
     assert {"parquet", "delta", "hdf5"} <= set(WRITABLE) and "blob" in FORMATS and "blob" not in WRITABLE
     assert IN_PLACE == "blob" and [f.name for f in FORMATS.values() if f.in_place] == [IN_PLACE]
     assert [f.name for f in FORMATS.values() if f.versioned] == ["delta"]
+    assert table_formats() == table_formats(writable=True) == ["parquet", "delta"]  # the Spark repack's --to
     assert isinstance(READER, PieceReader) and not isinstance(READER, Format)
 
 
@@ -98,7 +120,7 @@ def test_round_trip_through_the_registry(tmp_path, fmt, codec):
     assert len(listing.pieces) > 1 and sum(listing.rows) == 50
     seen = {}
     for piece, n in zip(listing.pieces, listing.rows):
-        cols = module.read_piece(listing, piece, {})
+        cols = module.read_piece(listing, piece, OpenFiles())
         assert len(cols.ids) == len(cols.labels) == len(cols.x) == n
         assert module.piece_span(listing, piece) is None  # local: nothing to fetch ahead
         for sid, label, x in zip(cols.ids, cols.labels, cols.x):

@@ -166,7 +166,7 @@ def test_images_resized_and_decoded_match_pil(tmp_path, convert_cli):
 
 
 def test_images_resized_and_encoded_decode_to_the_new_size(tmp_path, images, convert_cli):
-    src, truth = images
+    src, _truth = images
     dst = tmp_path / "enc.h5"
     assert convert_cli(src, dst, "--to", "hdf5", "--resize", "16x20", "--verify").exit_code == 0
     schema = hdf5.read_schema(dst)

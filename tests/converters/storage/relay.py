@@ -131,7 +131,7 @@ class Relay:
         self.server.shutdown()
         self.server.server_close()
 
-    def __enter__(self) -> "Relay":
+    def __enter__(self) -> Relay:
         return self
 
     def __exit__(self, *exc) -> None:

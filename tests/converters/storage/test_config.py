@@ -7,11 +7,19 @@ from datetime import timedelta
 import pytest
 
 from trainfeed.converters.errors import UsageError
-from trainfeed.converters.storage.config import call_timeout, client_settings, object_store_options
+from trainfeed.converters.storage.clouds import ObjectStoreCloud, cloud_for
+from trainfeed.converters.storage.config import call_timeout, object_store_options
 from trainfeed.converters.storage.native import NativeFileSystem
 
 CONN = ("DefaultEndpointsProtocol=http;AccountName=acct;AccountKey=a2V5;"
         "BlobEndpoint=http://127.0.0.1:10000/acct;")
+
+
+def client_settings(scheme, options, deadline):
+    """The native client's settings for ``scheme``'s cloud."""
+    cloud = cloud_for(scheme)
+    assert isinstance(cloud, ObjectStoreCloud)
+    return cloud.client_settings(options, deadline)
 
 
 def test_an_azure_connection_string_becomes_account_key_and_endpoint():

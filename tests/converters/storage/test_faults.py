@@ -35,7 +35,7 @@ def relayed(request, tmp_path):
         else:
             options = {**backend.options, "endpoint_url": relay.endpoint}
         cli = [a for k, v in options.items() for a in ("--storage-option", f"{k}={v}")]
-        yield url, truth, relay, {**options, "call_timeout": "3"}, cli + ["--storage-option", "call_timeout=3"]
+        yield url, truth, relay, {**options, "call_timeout": "3"}, [*cli, "--storage-option", "call_timeout=3"]
 
 
 def read(url: str, options: dict, **kwargs) -> dict:
@@ -95,8 +95,9 @@ def test_credentials_that_stop_working_mid_epoch_end_the_run(relayed):
 def test_an_object_deleted_while_reading_ends_the_run(relayed):
     url, _, _, options, _ = relayed
     store = trainfeed.open_store(url, storage_options=options)
-    fetcher = store.reader.extra["remote"].fetcher
-    fetcher.fs.rm_file(store.reader.extra["files"][0])
+    listing = store.reader.listing
+    fetcher = listing.remote.fetcher
+    fetcher.fs.rm_file(listing.files[0])
     with pytest.raises(trainfeed.TrainfeedError, match="the store changed while it was being read "
                                                        r"\(an object was deleted\); reopen it"):
         list(store.batches(batch_size=8, shuffle=False))

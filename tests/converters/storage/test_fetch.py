@@ -116,7 +116,7 @@ def test_cache_writes_outlive_their_fetcher_and_leave_no_thread_behind(counted, 
     fetcher collected) still gets its ranges written by ``flush_cache_writes``, and once the
     queue is empty no writer thread is left running."""
     from trainfeed.converters.storage.cache import DiskCache
-    from trainfeed.converters.storage.fetch import flush_cache_writes
+    from trainfeed.converters.storage.cache_writer import flush_cache_writes
 
     fs, path, data = counted
     fetcher = Fetcher(fs, part_size=100, max_request=1000, cache=DiskCache(tmp_path / "cache", 1 << 20))

@@ -36,8 +36,9 @@ def test_s3rver_ignores_if_match_so_the_reader_checks_the_etag_itself(s3rver_ser
     # what the server does with a stale If-Match: it answers 200 with the current object
     from trainfeed.converters.storage.native import Identity
 
-    fetcher = store.reader.extra["listing"].extra["opener"].fetcher
-    path = store.reader.extra["files"][0]
+    listing = store.reader.listing
+    fetcher = listing.opener.fetcher
+    path = listing.files[0]
     stale = Identity(fetcher.identities[path].size, etag="0" * 32)
     with pytest.raises(trainfeed.TrainfeedError, match="store changed while it was being read"):
         fetcher.fs.get_range(path, 0, 4, stale)

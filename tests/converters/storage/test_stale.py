@@ -13,7 +13,7 @@ import pytest
 
 import trainfeed
 from tests.test_object_storage import SHAPE, SMALL, STORES, convert, get_backend, labels, on, source
-from trainfeed.converters.storage.fetch import flush_cache_writes
+from trainfeed.converters.storage.cache_writer import flush_cache_writes
 
 BACKENDS = [on("azurite"), on("s3")]
 

@@ -57,6 +57,7 @@ def test_two_workers_deliver_every_sample_once_under_each_start_method(request, 
     assert_exact_epochs(epochs(dataset, loader(dataset, method, 2, persistent)), source[1])
 
 
+@pytest.mark.s3
 @pytest.mark.parametrize("num_workers,persistent", [(0, False), (1, False), (1, True), (4, False), (4, True)])
 def test_any_worker_count_under_fork_on_s3(request, tmp_path, source, num_workers, persistent):
     store, _, _ = make_store(request, tmp_path, source, "s3")
@@ -64,6 +65,7 @@ def test_any_worker_count_under_fork_on_s3(request, tmp_path, source, num_worker
     assert_exact_epochs(epochs(dataset, loader(dataset, "fork", num_workers, persistent)), source[1])
 
 
+@pytest.mark.s3
 @pytest.mark.parametrize("method,persistent", [("fork", True), ("spawn", True)])
 def test_state_dict_resumes_at_the_exact_next_batch_with_workers_on_s3(request, tmp_path, source, method, persistent):
     store, _, _ = make_store(request, tmp_path, source, "s3")
@@ -199,7 +201,7 @@ def _inside_the_dynamic_loader(holding: threading.Event, release: threading.Even
 def test_a_cache_filled_by_worker_processes_serves_the_next_epoch_when_the_objects_are_gone(request, tmp_path,
                                                                                             source):
     cache = tmp_path / "cache"
-    store, options, url = make_store(request, tmp_path, source, "s3", cache_dir=str(cache))
+    store, _options, url = make_store(request, tmp_path, source, "s3", cache_dir=str(cache))
     dataset = trainfeed.TorchDataset(store, batch_size=5, seed=6)
     dl = loader(dataset, "fork", 2)
     first = epochs(dataset, dl, 1)[0]
@@ -225,7 +227,7 @@ def readme_recipe() -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_the_readme_recipe_runs_on_an_s3_store(request, tmp_path, source, method):
-    store, options, url = make_store(request, tmp_path, source, "s3")
+    _store, options, url = make_store(request, tmp_path, source, "s3")
     body = (f"import trainfeed\nstore = trainfeed.open_store({url!r}, storage_options={options!r})\n"
             + readme_recipe() + "\nprint('batches', step + 1, 'resumes at', state['batch'])\n")
     if method == "spawn":  # spawn re-imports the main module: a script needs its main guard

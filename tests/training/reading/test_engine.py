@@ -26,7 +26,7 @@ def options(**kw) -> EpochOptions:
 
 def counting(store, monkeypatch) -> list[int]:
     """Record the index of every piece the format module is asked to read."""
-    module, read = store.module, store.module.read_piece
+    module, read = store.piece_reader, store.piece_reader.read_piece
     index = {id(p): i for i, p in enumerate(store.pieces)}
     reads: list[int] = []
 
@@ -128,7 +128,7 @@ def test_a_piece_that_delivers_fewer_rows_than_listed_stops_the_epoch(learnable,
     with h5py.File(shard, "r+") as h5:
         for name in ("id", "label", "volume"):
             h5[name].resize(h5[name].shape[0] - 1, axis=0)
-    opener = store.extra["listing"].extra["opener"]
+    opener = store.listing.opener
     opener.pins = pin_files(list(opener.pins))  # a change the pins cannot see (same inode, size and time)
     listed = store.piece_rows[last]
     with pytest.raises(TrainfeedError, match=rf"shard-00000\.h5: read {listed - 1} ids, {listed - 1} labels and "

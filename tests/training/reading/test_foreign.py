@@ -94,9 +94,9 @@ def epoch(store: trainfeed.Store, **options) -> tuple[np.ndarray, np.ndarray, li
 def test_batches_are_the_written_samples_bit_for_bit(tables, fmt, encoding):
     xs, labels, ids = samples()
     store = open_table(tables[fmt, encoding], id_column="sample_id")
-    listing = store.reader.extra["listing"]
+    listing = store.reader.listing
     assert store.format == fmt and store.samples == N and store.shape == SHAPE and store.dtype == "float32"
-    assert listing.extra["foreign"].encoding == encoding  # auto found it
+    assert listing.read.encoding == encoding  # auto found it
     assert len(store.reader.pieces) >= 7  # row groups of 10 rows: the engine's pieces
     x, y, got_ids = epoch(store, seed=3)
     assert sorted(got_ids) == ids and got_ids != ids  # every sample once, shuffled
@@ -177,7 +177,7 @@ def test_train_runs_on_a_foreign_table(tmp_path, tables, fmt, encoding):
     assert res.exit_code == 0, res.stderr
     summary = json.loads(res.stdout)
     assert summary["format"] == fmt and summary["field"] == "x" and summary["sample_shape"] == list(SHAPE)
-    assert summary["steps"] == N // 8 and summary["config"]["foreign"]["encoding"] == "auto"
+    assert summary["steps"] == N // 8 and summary["config"]["store"]["foreign"]["encoding"] == "auto"
     assert json.loads((out / "summary.json").read_text())["steps"] == N // 8
     assert len((out / "steps.jsonl").read_text().splitlines()) == N // 8
 

@@ -230,5 +230,5 @@ def test_resnet_learns_from_an_encoded_store(tmp_path):
                     "--batch-size", "16", "--lr", "0.003", "--out", tmp_path / "o", "--json")
     assert res.exit_code == 0, res.stderr
     s = json.loads(res.stdout)
-    assert s["sample_shape"] == [32, 32, 3] and s["config"]["augment"] is True
+    assert s["sample_shape"] == [32, 32, 3] and s["config"]["epoch"]["augment"] is True
     assert s["eval"]["samples"] == 64 and s["eval"]["accuracy"] >= 0.8, s["eval"]

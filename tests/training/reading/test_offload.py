@@ -180,7 +180,7 @@ def test_torch_learns_through_the_service(service, tmp_path):
                   "--batch-size", "16", "--lr", "0.003", "--out", tmp_path / "o", "--json", "--no-progress")
     assert res.exit_code == 0, res.stderr
     s = json.loads(res.stdout)
-    assert s["framework"] == "torch" and s["steps"] == 4 * (192 // 16) and s["config"]["augment"] is True
+    assert s["framework"] == "torch" and s["steps"] == 4 * (192 // 16) and s["config"]["epoch"]["augment"] is True
     assert s["train_accuracy"] >= 0.8, s["train_accuracy"]
     assert s["eval"]["samples"] == 64 and 0.0 <= s["eval"]["accuracy"] <= 1.0, s["eval"]
 

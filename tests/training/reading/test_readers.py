@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -146,8 +147,8 @@ def test_a_reader_that_delivers_fewer_rows_stops_the_epoch(learnable, tmp_path, 
     shutil.copytree(learnable["stores"]["parquet"], tmp_path / "p")
     store = open_store(str(tmp_path / "p"))
     left = _drop_first_row(tmp_path / "p" / "part-00000.parquet")
-    listing = store.extra["listing"]
-    listing.pins = pin_files(list(listing.pins))  # a change the pins cannot see (same inode, size and time)
+    # a change the pins cannot see (same inode, size and time)
+    store.listing = replace(store.listing, pins=pin_files(list(store.listing.pins)))
     expected = (rf"part-00000\.parquet: read {left} ids, {left} labels and {left} samples where {left + 1} were listed"
                 if pool == "arrow" else rf"Petastorm's {pool} pool delivered \d+ of {store.samples} rows")  # the thread
     # pool's race may drop more: the count is not pinned, the stop is
