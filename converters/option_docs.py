@@ -103,7 +103,7 @@ def add_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: t
     kind = _value_type(cls, name)
     if kind is bool:
         kwargs["action"] = argparse.BooleanOptionalAction
-    elif kind in (int, float) and kwargs["default"] == default_of(cls, name):  # not given as text ("128MB")
+    elif kind in (int, float) and option_field(cls, name).metadata.get(_CLI_DEFAULT) is None:  # not text ("128MB")
         kwargs["type"] = kind
     kwargs.update(argparse_kwargs)
     parser.add_argument(flag, **kwargs)
@@ -111,7 +111,7 @@ def add_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: t
 
 def _value_type(cls: type, name: str) -> Any:
     """The field's type without ``None`` (``int | None`` -> int): what argparse converts to."""
-    hint = typing.get_type_hints(cls)[option_field(cls, name).name]
+    hint = typing.get_type_hints(cls)[name]
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         kinds = [k for k in typing.get_args(hint) if k is not type(None)]
         hint = kinds[0] if len(kinds) == 1 else str

@@ -37,8 +37,8 @@ AnyFormat = Format[Any, Any]
 BUILT_IN: tuple[AnyFormat, ...] = (PARQUET, DELTA, HDF5, BLOB)
 #: Every registered format by name (the one registry: ``register_format`` adds to it).
 FORMATS: dict[str, AnyFormat] = {f.name: f for f in BUILT_IN}
-#: The formats convert writes (``--to``).
-WRITABLE: list[str] = [name for name, f in FORMATS.items() if f.writable]
+#: The formats convert writes (``--to``; kept up to date in place by ``_derive``).
+WRITABLE: list[str] = []
 #: What a path holding no store is read as (the small files, in place).
 IN_PLACE: str = next(name for name, f in FORMATS.items() if f.in_place)
 
@@ -64,28 +64,30 @@ def _names_pattern(patterns: Iterable[str | None]) -> re.Pattern[str]:
     return re.compile("|".join(f"(?:{p})" for p in dict.fromkeys(p for p in patterns if p)))
 
 
-#: What commits a folder store: the manifest, a log.
-COMMIT_RECORDS = frozenset(f.commit_record for f in FORMATS.values() if f.commit_record)
-#: Data files a conversion to object storage uploads before its commit record: Parquet and
-#: HDF5 parts tagged with their run, Delta parts. A folder on object storage holding only
-#: these is what a killed run left: trainfeed's to replace.
-RUN_PART = _names_pattern(f.run_part_names for f in FORMATS.values())
-#: The data files trainfeed writes into folder stores: with or without a run tag.
-PART = _names_pattern(p for f in FORMATS.values() for p in (f.part_names, f.run_part_names))
-#: Suffixes of every format's data files; of those a table another tool wrote may have (Parquet).
-DATA_SUFFIXES = tuple(dict.fromkeys(s for f in FORMATS.values() for s in f.suffixes))
-TABLE_SUFFIXES = tuple(dict.fromkeys(s for f in FORMATS.values() if f.parquet_files for s in f.suffixes))
-
-
 def _derive() -> None:
-    """The names derived from the formats' declarations, again (after the registry changed)."""
+    """The names derived from the formats' declarations: at import, and again whenever the
+    registry changes (read them as ``registry.PART``, not copied at import)."""
     global COMMIT_RECORDS, RUN_PART, PART, DATA_SUFFIXES, TABLE_SUFFIXES
     WRITABLE[:] = [name for name, f in FORMATS.items() if f.writable]
+    #: What commits a folder store: the manifest, a log.
     COMMIT_RECORDS = frozenset(f.commit_record for f in FORMATS.values() if f.commit_record)
+    #: Data files a conversion to object storage uploads before its commit record: Parquet and
+    #: HDF5 parts tagged with their run, Delta parts. A folder on object storage holding only
+    #: these is what a killed run left: trainfeed's to replace.
     RUN_PART = _names_pattern(f.run_part_names for f in FORMATS.values())
+    #: The data files trainfeed writes into folder stores: with or without a run tag.
     PART = _names_pattern(p for f in FORMATS.values() for p in (f.part_names, f.run_part_names))
+    #: Suffixes of every format's data files; of those a table another tool wrote may have (Parquet).
     DATA_SUFFIXES = tuple(dict.fromkeys(s for f in FORMATS.values() for s in f.suffixes))
     TABLE_SUFFIXES = tuple(dict.fromkeys(s for f in FORMATS.values() if f.parquet_files for s in f.suffixes))
+
+
+COMMIT_RECORDS: frozenset[str]
+RUN_PART: re.Pattern[str]
+PART: re.Pattern[str]
+DATA_SUFFIXES: tuple[str, ...]
+TABLE_SUFFIXES: tuple[str, ...]
+_derive()
 
 
 def register_format(fmt: AnyFormat) -> None:
